@@ -4,7 +4,7 @@ GO        ?= go
 BIN       := $(CURDIR)/bin
 GOOSE_VERSION := v3.30.0
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
-STATICCHECK_VERSION := 2025.1.1
+STATICCHECK_VERSION := v0.8.2
 TEST_FLAGS ?=
 TESTENV   := $(GO) run ./internal/cmd/testenv --
 
