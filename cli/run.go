@@ -1,0 +1,345 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/backend"
+)
+
+var runCommand = &command{
+	name:    "run",
+	args:    "--exec 'PROGRAM ARGS...' [flags]",
+	summary: "process the queue: run your program on each row, in N slots",
+	help: `
+Runs worker slots that claim rows, download each row's input, run the program
+given by --exec on it, upload what it wrote to {output_dir}, and record the
+outcome. Stop it with SIGTERM or Ctrl-C: the first signal drains (running rows
+finish, within --drain-timeout, and no new row is claimed), a second one stops
+at once (running programs are killed and their rows handed back).
+
+The --exec string is split into words like a shell splits them (quotes and
+backslashes), with no expansion, substitution, globbing or redirection: $HOME,
+$(...), *, ; and | are plain characters. There is no shell in between: to use
+one, say so (--exec 'sh -c "..." sh {input}'). Placeholders are replaced
+inside the words, each value staying one argument whatever it holds:
+
+  {input}       path of the downloaded input file
+  {output_dir}  directory whose files are uploaded as the row's result
+  {id}          row id             {attempt}   attempt number, from 1
+  {source}      the row's source   {queue}     the row's queue
+  {work_dir}    the slot's work directory (the program's working directory)
+
+Write {{ and }} for literal braces. The program also gets PGWORKER_INPUT,
+PGWORKER_OUTPUT_DIR, PGWORKER_ID, PGWORKER_SOURCE, PGWORKER_ATTEMPT,
+PGWORKER_QUEUE, PGWORKER_PAYLOAD, PGWORKER_WORK_DIR and PGWORKER_WORKER_ID in
+its environment, which is the worker's minus its credentials and settings
+(PGWORKER_*, DATABASE_URL, PGPASSWORD, AWS_* keys, MINIO_* keys; --pass-env
+lets named ones through). It runs in its own process group, which is killed
+(SIGTERM, then SIGKILL after --kill-grace) on timeout, cancellation or stop.
+
+Exit status 0 completes the row; any other status, a signal or a timeout
+fails the attempt, and the row is retried with backoff until its
+max_attempts. A program that is missing or not executable fails the row at
+once.`,
+	examples: `
+pgworker run --exec 'convert {input} -thumbnail 200x200 {output_dir}/thumb.jpg' \
+    --input-store s3://photos --output-store s3://thumbs --slots 4
+pgworker run --exec '/mnt/tools/bin/analyze --id {id} "{input}"' --queue urgent --queue default --timeout 30m
+PGWORKER_EXEC='ocr {input} {output_dir}' PGWORKER_SLOTS=2-16 pgworker run`,
+}
+
+// RunConfig is `pgworker run` once its flags are checked: what runWorkers
+// needs to run the slots.
+type RunConfig struct {
+	// Exec is the --exec command line, and Backend the runner built from it
+	// (with Timeout, KillGrace, PassEnv and Logger); its program was found.
+	Exec    string
+	Backend *backend.Runner
+
+	// SlotsMin and SlotsMax bound the number of slots (--slots N sets both).
+	SlotsMin, SlotsMax int
+	// Queues to serve; nil means all.
+	Queues []string
+
+	Timeout      time.Duration // per row; 0 means none
+	Heartbeat    time.Duration
+	LeaseTimeout time.Duration // > Heartbeat
+	DrainTimeout time.Duration // after the first signal
+	KillGrace    time.Duration // SIGTERM to SIGKILL
+
+	// MetricsAddr is the host:port to serve metrics on; "" for none.
+	MetricsAddr string
+	// WorkDir is the directory under which each slot gets its work
+	// directory. It exists.
+	WorkDir string
+
+	// InputStore and OutputStore are s3://bucket/prefix or file:///dir URLs,
+	// or "". S3 endpoint and credentials come from PGWORKER_S3_ENDPOINT and
+	// the AWS_* variables.
+	InputStore, OutputStore string
+
+	// DatabaseURL and ListenURL may hold passwords: print them through
+	// RedactURL. ListenURL is "" when LISTEN should use DatabaseURL.
+	DatabaseURL, ListenURL string
+	// Pool is connected to DatabaseURL, with --statement-mode applied and
+	// room for SlotsMax+4 connections. runWorkers must not close it.
+	Pool *pgxpool.Pool
+
+	Logger  *slog.Logger
+	Version string
+
+	// HardStop is closed at the second SIGTERM or SIGINT: stop at once.
+	// The first one cancels runWorkers' context: drain, within DrainTimeout.
+	HardStop <-chan struct{}
+}
+
+// runWorkers runs the slots until ctx is cancelled, then drains them within
+// cfg.DrainTimeout (or stops at once when cfg.HardStop closes).
+//
+// Integration point: the worker runtime (worker.New with a Handler that
+// downloads from the input store, runs cfg.Backend and uploads the outputs)
+// and the blob stores are wired here.
+func runWorkers(ctx context.Context, cfg *RunConfig) error {
+	_ = ctx
+	_ = cfg
+	return errors.New("run: the worker runtime is not wired into this build yet")
+}
+
+func (c *CLI) run(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(runCommand)
+	var (
+		db                                                   dbFlags
+		logs                                                 logFlags
+		execCmd, slots, metricsAddr, workDir, listenURL      string
+		inputStore, outputStore                              string
+		queues, passEnv                                      listFlag
+		timeout, heartbeat, leaseTimeout, drainTimeout, kill time.Duration
+	)
+	db.add(fs)
+	logs.add(fs)
+	fs.StringVar(&execCmd, "exec", "", "the `COMMAND` to run for each row, with placeholders (see above)")
+	fs.env("exec", "PGWORKER_EXEC")
+	fs.StringVar(&slots, "slots", "1", "rows worked on at once: `N` or MIN-MAX")
+	fs.env("slots", "PGWORKER_SLOTS")
+	fs.Var(&queues, "queue", "serve this `QUEUE` (repeat for several; default all); the twin takes a comma-separated list")
+	fs.env("queue", "PGWORKER_QUEUES")
+	fs.DurationVar(&timeout, "timeout", time.Hour, "longest run of the program for one row; 0 for none")
+	fs.env("timeout", "PGWORKER_TIMEOUT")
+	fs.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "how often the slots prove they are alive")
+	fs.env("heartbeat", "PGWORKER_HEARTBEAT")
+	fs.DurationVar(&leaseTimeout, "lease-timeout", 15*time.Second, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
+	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
+	fs.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "after SIGTERM, how long running rows may take to finish before they are stopped and handed back")
+	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
+	fs.DurationVar(&kill, "kill-grace", 10*time.Second, "time between SIGTERM and SIGKILL when a program is stopped")
+	fs.env("kill-grace", "PGWORKER_KILL_GRACE")
+	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve metrics on this `HOST:PORT` (default: off)")
+	fs.env("metrics-addr", "PGWORKER_METRICS_ADDR")
+	fs.StringVar(&workDir, "work-dir", filepath.Join(os.TempDir(), "pgworker"), "`DIR` for the slots' inputs and outputs")
+	fs.env("work-dir", "PGWORKER_WORK_DIR")
+	fs.StringVar(&listenURL, "listen-url", "", "database `URL` for LISTEN when --database-url goes through a transaction-pooling PgBouncer (default: --database-url)")
+	fs.env("listen-url", "PGWORKER_LISTEN_URL")
+	fs.StringVar(&inputStore, "input-store", "", "`URL` where sources are read: s3://bucket/prefix or file:///dir")
+	fs.env("input-store", "PGWORKER_INPUT_STORE")
+	fs.StringVar(&outputStore, "output-store", "", "`URL` where outputs are written: s3://bucket/prefix or file:///dir")
+	fs.env("output-store", "PGWORKER_OUTPUT_STORE")
+	fs.Var(&passEnv, "pass-env", "hand the environment variable `NAME` to the program although it is withheld by default (repeatable); the twin takes a comma-separated list")
+	fs.env("pass-env", "PGWORKER_PASS_ENV")
+	if help, err := e.parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q: the command goes in --exec, quoted (see 'pgworker run --help')", fs.Arg(0))
+	}
+	if err := logs.validate(); err != nil {
+		return err
+	}
+
+	cfg := &RunConfig{
+		Exec: execCmd, Queues: queues, Timeout: timeout, Heartbeat: heartbeat, LeaseTimeout: leaseTimeout,
+		DrainTimeout: drainTimeout, KillGrace: kill, MetricsAddr: metricsAddr, WorkDir: workDir,
+		InputStore: inputStore, OutputStore: outputStore, ListenURL: listenURL, Version: version(),
+	}
+	if err := cfg.check(slots); err != nil {
+		return err
+	}
+	if err := db.resolve(fs, e.lookup); err != nil {
+		return err
+	}
+	cfg.DatabaseURL = db.url
+	if listenURL != "" {
+		if _, err := pgx.ParseConfig(listenURL); err != nil {
+			return usagef("--listen-url %s is not a valid database URL", RedactURL(listenURL))
+		}
+	}
+	cfg.Logger = logs.logger(e.stderr, e.lookup)
+	if leaseTimeout < 2*heartbeat {
+		cfg.Logger.Warn("the lease timeout is shorter than two heartbeats: one late heartbeat loses the slot's row",
+			"heartbeat", heartbeat, "lease_timeout", leaseTimeout)
+	}
+
+	var err error
+	cfg.Backend, err = backend.New(&backend.Config{
+		Command: execCmd, Timeout: timeout, KillGrace: kill, PassEnv: passEnv, Logger: cfg.Logger,
+	})
+	var se *backend.SyntaxError
+	switch {
+	case errors.As(err, &se), errors.Is(err, backend.ErrEmptyCommand):
+		return usagef("--exec %s: %v", clip(execCmd, 80), err)
+	case err != nil:
+		return fmt.Errorf("--exec: %w", err)
+	}
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return fmt.Errorf("--work-dir: %w", err)
+	}
+
+	cfg.Pool, err = db.connect(ctx, int32(cfg.SlotsMax+4))
+	if err != nil {
+		return err
+	}
+	defer cfg.Pool.Close()
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, hard, stop := drainOnSignal(ctx, sigs, cfg.Logger, drainTimeout)
+	defer stop()
+	cfg.HardStop = hard
+
+	cfg.Logger.Info("pgworker run starting", "version", cfg.Version, "database", RedactURL(cfg.DatabaseURL),
+		"exec", cfg.Exec, "program", cfg.Backend.Program(), "slots", slots, "queues", []string(cfg.Queues),
+		"heartbeat", heartbeat, "lease_timeout", leaseTimeout, "timeout", timeout)
+	return c.cfg.RunWorkers(ctx, cfg)
+}
+
+// check validates the flags that need no I/O.
+func (cfg *RunConfig) check(slots string) error {
+	if strings.TrimSpace(cfg.Exec) == "" {
+		return usagef("missing --exec: give the program to run for each row, e.g. --exec 'convert {input} {output_dir}/out.png' (or set PGWORKER_EXEC)")
+	}
+	var err error
+	if cfg.SlotsMin, cfg.SlotsMax, err = parseSlots(slots); err != nil {
+		return err
+	}
+	for _, q := range cfg.Queues {
+		if q == "" || len(q) > 128 {
+			return usagef("--queue %q: a queue name has 1 to 128 characters", q)
+		}
+	}
+	switch {
+	case cfg.Timeout < 0:
+		return usagef("--timeout must not be negative (0 means no limit)")
+	case cfg.Heartbeat <= 0:
+		return usagef("--heartbeat must be positive")
+	case cfg.LeaseTimeout <= cfg.Heartbeat:
+		return usagef("--lease-timeout (%s) must exceed --heartbeat (%s): a slot's row is taken back after a lease without heartbeat, "+
+			"so give it a few heartbeats, e.g. --lease-timeout %s", cfg.LeaseTimeout, cfg.Heartbeat, 3*cfg.Heartbeat)
+	case cfg.DrainTimeout < 0:
+		return usagef("--drain-timeout must not be negative")
+	case cfg.KillGrace <= 0:
+		return usagef("--kill-grace must be positive")
+	}
+	if cfg.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(cfg.MetricsAddr); err != nil || port == "" {
+			return usagef("--metrics-addr %q: give host:port, e.g. :9090 or 127.0.0.1:9090", cfg.MetricsAddr)
+		}
+	}
+	for _, s := range []struct{ flag, url string }{{"--input-store", cfg.InputStore}, {"--output-store", cfg.OutputStore}} {
+		if err := checkStoreURL(s.url); err != nil {
+			return usagef("%s %q: %v", s.flag, s.url, err)
+		}
+	}
+	return nil
+}
+
+// parseSlots parses N or MIN-MAX.
+func parseSlots(s string) (int, int, error) {
+	const maxSlots = 1024
+	bad := usagef("--slots %q: give a number of slots, N, or a range MIN-MAX, from 1 to %d", s, maxSlots)
+	lo, hi, isRange := strings.Cut(s, "-")
+	minN, err := strconv.Atoi(strings.TrimSpace(lo))
+	if err != nil {
+		return 0, 0, bad
+	}
+	maxN := minN
+	if isRange {
+		if maxN, err = strconv.Atoi(strings.TrimSpace(hi)); err != nil {
+			return 0, 0, bad
+		}
+	}
+	if minN < 1 || maxN > maxSlots {
+		return 0, 0, bad
+	}
+	if maxN < minN {
+		return 0, 0, usagef("--slots %q: the range's minimum exceeds its maximum", s)
+	}
+	return minN, maxN, nil
+}
+
+// checkStoreURL accepts "", s3://bucket[/prefix] and file:///dir.
+func checkStoreURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	scheme, rest, ok := strings.Cut(s, "://")
+	switch {
+	case !ok:
+		return errors.New("give s3://bucket/prefix or file:///dir")
+	case scheme == "s3":
+		if bucket, _, _ := strings.Cut(rest, "/"); bucket == "" {
+			return errors.New("the bucket is missing: s3://bucket/prefix")
+		}
+	case scheme == "file":
+		if !strings.HasPrefix(rest, "/") {
+			return errors.New("give an absolute directory: file:///srv/data")
+		}
+	default:
+		return fmt.Errorf("unknown scheme %q: give s3://bucket/prefix or file:///dir", scheme)
+	}
+	return nil
+}
+
+// drainOnSignal returns a context that the first signal on sigs cancels
+// (drain), and a channel that the second closes (stop now). After the
+// second, sigs is released so that a third signal kills the process the
+// default way. stop ends the watch.
+func drainOnSignal(parent context.Context, sigs chan os.Signal, logger *slog.Logger, drain time.Duration) (context.Context, <-chan struct{}, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	hard := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			logger.Info("draining: running rows finish, no new rows are claimed; send the signal again to stop at once",
+				"signal", sig.String(), "drain_timeout", drain)
+			cancel(fmt.Errorf("received %v: draining", sig))
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			logger.Warn("stopping at once: running programs are killed and their rows handed back", "signal", sig.String())
+			signal.Stop(sigs)
+			close(hard)
+		case <-done:
+		}
+	}()
+	return ctx, hard, func() {
+		close(done)
+		cancel(nil)
+	}
+}
