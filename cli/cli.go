@@ -25,8 +25,8 @@ const (
 // that this package does not provide by itself. A nil Config works.
 type Config struct {
 	// OpenLister opens the location given to `pgworker enqueue --from`
-	// (s3://bucket/prefix, file:///dir). Defaults to nil: --from then says
-	// that listing is not available in this build.
+	// (s3://bucket/prefix, file:///dir). Defaults to listing a blob store;
+	// each object is enqueued by its full URL.
 	OpenLister func(ctx context.Context, uri string) (Lister, error)
 
 	// RunWorkers runs `pgworker run` once its flags are checked: see
@@ -65,6 +65,9 @@ func New(cfg *Config) *CLI {
 	}
 	if c.cfg.RunWorkers == nil {
 		c.cfg.RunWorkers = runWorkers
+	}
+	if c.cfg.OpenLister == nil {
+		c.cfg.OpenLister = openStoreLister
 	}
 	if c.cfg.LookupEnv == nil {
 		c.cfg.LookupEnv = os.LookupEnv

@@ -132,7 +132,7 @@ func TestRunConfig(t *testing.T) {
 		t.Errorf("no start log line: %s", stderr.String())
 	}
 
-	// The default runWorkers says it is not wired yet, as one line.
+	// The default runWorkers needs an output store, and says so in one line.
 	stderr.Reset()
 	code = New(&Config{LookupEnv: func(name string) (string, bool) {
 		if name == "PGWORKER_DATABASE_URL" {
@@ -140,7 +140,7 @@ func TestRunConfig(t *testing.T) {
 		}
 		return "", false
 	}}).Main(context.Background(), []string{"run", "--exec", "/bin/true", "--work-dir", workDir}, nil, &stdout, &stderr)
-	if code != ExitError || !strings.Contains(stderr.String(), "pgworker: run: the worker runtime is not wired") {
+	if code != ExitUsage || !strings.Contains(stderr.String(), "pgworker run: run: missing output store (set --output-store or PGWORKER_OUTPUT_STORE") {
 		t.Errorf("default runWorkers: exit %d %s", code, stderr.String())
 	}
 }
@@ -186,10 +186,24 @@ func TestEnqueueFrom(t *testing.T) {
 		t.Error("the listed object is not in the queue")
 	}
 
+	// The default lister reads the blob store itself.
+	stdout.Reset()
 	stderr.Reset()
-	code = New(&Config{LookupEnv: env}).Main(context.Background(), []string{"enqueue", "--from", "s3://bucket/p"}, nil, &stdout, &stderr)
-	if code != ExitError || !strings.Contains(stderr.String(), "listing object stores is not available in this build") {
-		t.Errorf("--from without a lister: exit %d %s", code, stderr.String())
+	code = New(&Config{LookupEnv: env}).Main(context.Background(),
+		[]string{"enqueue", "--queue", "blob", "--from", "file://" + dir + "/sub"}, nil, &stdout, &stderr)
+	if code != ExitOK || stdout.String() != "enqueued 2 rows into queue \"blob\"\n" {
+		t.Fatalf("--from with the default lister: exit %d: %s %s", code, stdout.String(), stderr.String())
+	}
+	pool.QueryRow(context.Background(), "SELECT count(*) FROM files.files WHERE queue = 'blob' AND source = $1",
+		"file://"+filepath.Join(dir, "sub/deeper/c d.txt")).Scan(&n)
+	if n != 1 {
+		t.Error("the object listed by the default lister is not in the queue")
+	}
+	stderr.Reset()
+	code = New(&Config{LookupEnv: env}).Main(context.Background(),
+		[]string{"enqueue", "--from", "file://" + dir + "/missing"}, nil, &stdout, &stderr)
+	if code == ExitOK || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+		t.Errorf("--from a missing directory: exit %d, want one error line: %s", code, stderr.String())
 	}
 }
 

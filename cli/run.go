@@ -107,18 +107,6 @@ type RunConfig struct {
 	HardStop <-chan struct{}
 }
 
-// runWorkers runs the slots until ctx is cancelled, then drains them within
-// cfg.DrainTimeout (or stops at once when cfg.HardStop closes).
-//
-// Integration point: the worker runtime (worker.New with a Handler that
-// downloads from the input store, runs cfg.Backend and uploads the outputs)
-// and the blob stores are wired here.
-func runWorkers(ctx context.Context, cfg *RunConfig) error {
-	_ = ctx
-	_ = cfg
-	return errors.New("run: the worker runtime is not wired into this build yet")
-}
-
 func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(runCommand)
 	var (

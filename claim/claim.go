@@ -1,0 +1,448 @@
+// Package claim takes rows of files.files for the idle slots of a process.
+//
+// A Claimer waits for a doorbell (a files_pending notification fanned out by
+// package listener), for a slot to free up after a claim that filled every idle
+// slot, or for a safety-net timer, and then claims one row for each idle slot
+// in a single query (files.claim_batch). It never polls at a fixed cadence: an
+// idle process sends no claim query but the safety net's.
+//
+// A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
+// only means "wait again": it is counted, never reported as an error.
+// Connection errors are retried with backoff. The claimer keeps no session
+// state and uses no SQL but calls of the SQL API, so it works through a
+// transaction-pooling PgBouncer; the pool's configuration decides how
+// statements are sent.
+//
+//	sub := l.Subscribe("default")
+//	c := claim.New(pool, &claim.Config{
+//		Queues:   []string{"default"},
+//		Doorbell: sub.Doorbell(),
+//		Idle:     []string{"node:42:0", "node:42:1"},
+//	})
+//	go c.Run(ctx, func(r claim.Row) {
+//		// hand r to the slot r.WorkerID; call c.Free(r.WorkerID) when it is done
+//	})
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL: all).
+const sqlClaim = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
+       created_at, claimed_at, lease_expires_at, coalesce(last_error, '')
+FROM files.claim_batch($1::text[], $2::text[])`
+
+// maxWakeTimes bounds how many retry times a Claimer remembers; the safety net
+// covers the others.
+const maxWakeTimes = 1024
+
+// Row is a claimed row of files.files.
+type Row struct {
+	ID             int64
+	Queue          string
+	Priority       int
+	Source         string
+	Payload        []byte // JSON object
+	Attempt        int
+	MaxAttempts    int
+	WorkerID       string // the slot that holds the row
+	CreatedAt      time.Time
+	ClaimedAt      time.Time
+	LeaseExpiresAt time.Time // as set by the server's clock
+	LastError      string    // of the previous attempt, if any
+}
+
+// Config configures a Claimer. A nil or zero Config works.
+type Config struct {
+	// Queues to claim from. Defaults to all queues.
+	Queues []string
+
+	// Idle are the worker ids of the slots that start idle. More can be
+	// added with Free.
+	Idle []string
+
+	// Doorbell rings when there may be claimable rows (a listener
+	// subscription's Doorbell). Defaults to none: only the safety net and freed
+	// slots wake the claimer.
+	Doorbell <-chan struct{}
+
+	// SafetyNet is the longest the claimer waits without a doorbell before it
+	// looks anyway (notifications can be lost). WakeAt can make one wait
+	// shorter. Defaults to 30s.
+	SafetyNet time.Duration
+
+	// BackoffMin is the first delay after a failed claim; it doubles up to
+	// BackoffMax, with jitter. Defaults to 100ms.
+	BackoffMin time.Duration
+
+	// BackoffMax caps the delay after failed claims. Defaults to 5s.
+	BackoffMax time.Duration
+
+	// Logger receives one line per database outage; lost races are counted,
+	// not logged. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Stats are a Claimer's counters.
+type Stats struct {
+	Claims        uint64 // claim queries answered (or failed)
+	Rows          uint64 // rows claimed
+	RacesLost     uint64 // claims that got nothing: no rows, 40001 or 40P01
+	Serialization uint64 // of those, the 40001 and 40P01 errors
+	Errors        uint64 // claims that failed otherwise (connection errors...)
+	SafetyWakes   uint64 // wake-ups by the safety net or a WakeAt time
+	IdleSlots     int    // slots waiting for a row
+	LastClaimErr  string // the last error, empty once a claim succeeds again
+}
+
+// Claimer claims rows for a set of idle slots. Create it with New.
+type Claimer struct {
+	pool       *pgxpool.Pool
+	queues     []string
+	doorbell   <-chan struct{}
+	safetyNet  time.Duration
+	backoffMin time.Duration
+	backoffMax time.Duration
+	logger     *slog.Logger
+
+	mu      sync.Mutex
+	idle    []string
+	wakes   []time.Time // sorted
+	lastErr string
+
+	freed       chan struct{} // a slot became idle
+	rescheduled chan struct{} // wakes changed
+
+	claims      atomic.Uint64
+	rows        atomic.Uint64
+	races       atomic.Uint64
+	serial      atomic.Uint64
+	errs        atomic.Uint64
+	safetyWakes atomic.Uint64
+}
+
+// New returns a Claimer that claims through pool.
+func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := &Claimer{
+		pool:        pool,
+		queues:      slices.Clone(cfg.Queues),
+		idle:        slices.Clone(cfg.Idle),
+		doorbell:    cfg.Doorbell,
+		safetyNet:   orDefault(cfg.SafetyNet, 30*time.Second),
+		backoffMin:  orDefault(cfg.BackoffMin, 100*time.Millisecond),
+		backoffMax:  orDefault(cfg.BackoffMax, 5*time.Second),
+		logger:      cfg.Logger,
+		freed:       make(chan struct{}, 1),
+		rescheduled: make(chan struct{}, 1),
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	if len(c.queues) == 0 {
+		c.queues = nil
+	}
+	c.backoffMax = max(c.backoffMax, c.backoffMin)
+	return c
+}
+
+// Claim sends one claim query: at most one row for each of workerIDs. A lost
+// race returns no rows and a nil error.
+func (c *Claimer) Claim(ctx context.Context, workerIDs []string) ([]Row, error) {
+	if len(workerIDs) == 0 {
+		return nil, nil
+	}
+	rows, err := c.claim(ctx, workerIDs)
+	if err != nil && !RaceLost(err) {
+		return nil, err
+	}
+	return rows, nil
+}
+
+func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) {
+	defer c.claims.Add(1) // counted once answered, so that a count includes its outcome
+	rs, err := c.pool.Query(ctx, sqlClaim, workerIDs, c.queues)
+	if err != nil {
+		return nil, c.countErr(err)
+	}
+	defer rs.Close()
+	var out []Row
+	for rs.Next() {
+		var r Row
+		var priority, attempt, maxAttempts int32
+		if err := rs.Scan(&r.ID, &r.Queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
+			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError); err != nil {
+			return nil, c.countErr(fmt.Errorf("claim: scan row: %w", err))
+		}
+		r.Priority, r.Attempt, r.MaxAttempts = int(priority), int(attempt), int(maxAttempts)
+		out = append(out, r)
+	}
+	if err := rs.Err(); err != nil {
+		// The rows read so far are not committed: the statement failed as a whole.
+		return nil, c.countErr(err)
+	}
+	c.rows.Add(uint64(len(out)))
+	if len(out) == 0 {
+		c.races.Add(1)
+	}
+	return out, nil
+}
+
+func (c *Claimer) countErr(err error) error {
+	if RaceLost(err) {
+		c.races.Add(1)
+		c.serial.Add(1)
+		return err
+	}
+	c.errs.Add(1)
+	return fmt.Errorf("claim: %w", err)
+}
+
+// RaceLost reports whether err means another claimer won the rows:
+// serialization failure (40001) or deadlock (40P01).
+func RaceLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// Free makes workerID idle again (its row is done) and lets the claimer look
+// for work for it at once if the last claim filled every idle slot.
+func (c *Claimer) Free(workerID string) {
+	c.mu.Lock()
+	c.idle = append(c.idle, workerID)
+	c.mu.Unlock()
+	ring(c.freed)
+}
+
+// Remove takes workerID out of the idle set, so that it gets no more rows,
+// and reports whether it was idle; a slot that holds a row, or whose claim is
+// in flight, is not removed.
+func (c *Claimer) Remove(workerID string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := slices.Index(c.idle, workerID)
+	if i < 0 {
+		return false
+	}
+	c.idle = slices.Delete(c.idle, i, i+1)
+	return true
+}
+
+// WakeAt makes the claimer look no later than t, for example when a row this
+// process failed becomes claimable again.
+func (c *Claimer) WakeAt(t time.Time) {
+	c.mu.Lock()
+	i, _ := slices.BinarySearchFunc(c.wakes, t, time.Time.Compare)
+	c.wakes = slices.Insert(c.wakes, i, t)
+	if len(c.wakes) > maxWakeTimes {
+		c.wakes = c.wakes[:maxWakeTimes]
+	}
+	c.mu.Unlock()
+	ring(c.rescheduled)
+}
+
+// Stats returns the claimer's counters.
+func (c *Claimer) Stats() Stats {
+	c.mu.Lock()
+	idle, lastErr := len(c.idle), c.lastErr
+	c.mu.Unlock()
+	return Stats{
+		Claims:        c.claims.Load(),
+		Rows:          c.rows.Load(),
+		RacesLost:     c.races.Load(),
+		Serialization: c.serial.Load(),
+		Errors:        c.errs.Load(),
+		SafetyWakes:   c.safetyWakes.Load(),
+		IdleSlots:     idle,
+		LastClaimErr:  lastErr,
+	}
+}
+
+// Run claims rows for the idle slots and hands each to deliver, from Run's
+// goroutine, until ctx ends; then it returns nil. A claim in flight when ctx
+// ends is finished and its rows are delivered, so none is left held unseen.
+func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
+	pending := true // look once at start: there may be a backlog
+	timer := time.NewTimer(c.untilSafety())
+	defer timer.Stop()
+	races, failures := 0, 0
+	var downSince time.Time
+
+	for {
+		for !pending || c.idleCount() == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-c.doorbell:
+				pending = true
+			case <-c.freed:
+			case <-c.rescheduled:
+				timer.Reset(c.untilSafety())
+			case <-timer.C:
+				c.safetyWakes.Add(1)
+				pending = true
+				timer.Reset(c.safetyNet)
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+
+		ids := c.takeIdle()
+		started := time.Now()
+		// Not cancelled with ctx: a claim committed on the server must reach its slots.
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		rows, err := c.claim(qctx, ids)
+		cancel()
+		c.giveBack(ids, rows)
+		for _, r := range rows {
+			deliver(r)
+		}
+		c.dropWakes(started)
+		timer.Reset(c.untilSafety())
+
+		switch {
+		case err == nil:
+			if !downSince.IsZero() {
+				c.logger.Info("claim: database reachable again", "down_for", time.Since(downSince).Round(time.Millisecond))
+				downSince = time.Time{}
+			}
+			c.setLastErr("")
+			races, failures = 0, 0
+			// Every idle slot got a row: there may be more, so look again as
+			// soon as a slot frees up, without waiting for a notification.
+			pending = len(rows) == len(ids)
+		case RaceLost(err):
+			// Someone else took rows we saw. Rows may remain that nobody
+			// will announce again: look a couple more times, spread out.
+			races++
+			pending = races < 3
+			if pending && !sleep(ctx, time.Duration(races)*(5*time.Millisecond+rand.N(20*time.Millisecond))) {
+				return nil
+			}
+		default:
+			failures++
+			c.setLastErr(err.Error())
+			if downSince.IsZero() {
+				downSince = time.Now()
+				c.logger.Warn("claim: cannot claim; retrying with backoff", "error", err)
+			} else {
+				c.logger.Debug("claim: still cannot claim", "attempts", failures, "error", err)
+			}
+			pending = true
+			if !sleep(ctx, backoff(c.backoffMin, c.backoffMax, failures)) {
+				return nil
+			}
+		}
+	}
+}
+
+func (c *Claimer) idleCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.idle)
+}
+
+func (c *Claimer) takeIdle() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := c.idle
+	c.idle = nil
+	return ids
+}
+
+// giveBack returns to the idle set the ids that got no row.
+func (c *Claimer) giveBack(ids []string, rows []Row) {
+	if len(rows) == len(ids) {
+		return
+	}
+	held := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		held[r.WorkerID] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if !held[id] {
+			c.idle = append(c.idle, id)
+		}
+	}
+}
+
+// untilSafety is how long to wait before looking anyway.
+func (c *Claimer) untilSafety() time.Duration {
+	d := c.safetyNet
+	c.mu.Lock()
+	if len(c.wakes) > 0 {
+		d = min(d, time.Until(c.wakes[0]))
+	}
+	c.mu.Unlock()
+	return max(d, 0)
+}
+
+// dropWakes forgets the wake times that a claim started at t has covered.
+func (c *Claimer) dropWakes(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := 0
+	for i < len(c.wakes) && !c.wakes[i].After(t) {
+		i++
+	}
+	c.wakes = c.wakes[i:]
+}
+
+func (c *Claimer) setLastErr(s string) {
+	c.mu.Lock()
+	c.lastErr = s
+	c.mu.Unlock()
+}
+
+func ring(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// sleep waits d, or less if ctx ends; it reports whether ctx is still alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// backoff returns the delay before retry n (from 1): min doubled n-1 times,
+// capped at max, with "equal jitter".
+func backoff(minDelay, maxDelay time.Duration, n int) time.Duration {
+	d := maxDelay
+	if n < 30 {
+		d = min(maxDelay, minDelay<<(n-1))
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}

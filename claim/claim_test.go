@@ -1,0 +1,283 @@
+package claim_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgworker/pgworker/claim"
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func insert(t *testing.T, pool *pgxpool.Pool, n int, queue string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(),
+		"INSERT INTO files.files (queue, source) SELECT $1, 'src-' || g FROM generate_series(1, $2::int) g", queue, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClaimOneRowPerSlot(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	insert(t, pool, 5, "default")
+	if _, err := pool.Exec(ctx, "UPDATE files.files SET priority = 9 WHERE id = 4"); err != nil {
+		t.Fatal(err)
+	}
+	c := claim.New(pool, nil)
+	rows, err := c.Claim(ctx, []string{"n:1:0", "n:1:1", "n:1:2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 {
+		t.Fatalf("claimed %d rows, want 3", len(rows))
+	}
+	if rows[0].ID != 4 || rows[1].ID != 1 || rows[2].ID != 2 {
+		t.Fatalf("claim order: %d %d %d, want 4 1 2 (priority, then id)", rows[0].ID, rows[1].ID, rows[2].ID)
+	}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		if seen[r.WorkerID] || r.Attempt != 1 || r.Source == "" || string(r.Payload) != "{}" || r.LeaseExpiresAt.IsZero() {
+			t.Fatalf("bad row %+v", r)
+		}
+		seen[r.WorkerID] = true
+	}
+	var held int
+	if err := pool.QueryRow(ctx, "SELECT count(DISTINCT worker_id) FROM files.files WHERE state = 'running'").Scan(&held); err != nil || held != 3 {
+		t.Fatalf("running rows held by %d slots (%v), want 3", held, err)
+	}
+
+	// Nothing left for these queues: an empty claim is a lost race, not an error.
+	rows, err = claim.New(pool, &claim.Config{Queues: []string{"other"}}).Claim(ctx, []string{"n:1:3"})
+	if err != nil || len(rows) != 0 {
+		t.Fatalf("claim of an empty queue: %d rows, %v", len(rows), err)
+	}
+}
+
+func TestRaceLost(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "40001"}, true},
+		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "40P01"}), true},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{errors.New("connection refused"), false},
+		{nil, false},
+	} {
+		if got := claim.RaceLost(tc.err); got != tc.want {
+			t.Errorf("RaceLost(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// collector gathers delivered rows.
+type collector struct {
+	mu   sync.Mutex
+	rows []claim.Row
+	got  chan claim.Row
+}
+
+func newCollector() *collector { return &collector{got: make(chan claim.Row, 1000)} }
+
+func (c *collector) deliver(r claim.Row) {
+	c.mu.Lock()
+	c.rows = append(c.rows, r)
+	c.mu.Unlock()
+	c.got <- r
+}
+
+func (c *collector) next(t *testing.T, what string) claim.Row {
+	t.Helper()
+	select {
+	case r := <-c.got:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no row delivered: %s", what)
+		return claim.Row{}
+	}
+}
+
+func run(t *testing.T, c *claim.Claimer, deliver func(claim.Row)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx, deliver)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+func TestRunClaimsOnDoorbellOnly(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	bell := make(chan struct{}, 1)
+	c := claim.New(pool, &claim.Config{Idle: []string{"n:1:0"}, Doorbell: bell, SafetyNet: time.Hour})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	insert(t, pool, 1, "default") // nobody rings
+	bell <- struct{}{}
+	col.next(t, "after the doorbell")
+	if s := c.Stats(); s.Claims != 2 || s.Rows != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// A claim that filled every idle slot looks again as soon as a slot frees up,
+// without a notification.
+func TestRunClaimsAgainWhenSlotsFree(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	insert(t, pool, 5, "default")
+	c := claim.New(pool, &claim.Config{Idle: []string{"n:1:0", "n:1:1"}, SafetyNet: time.Hour})
+	col := newCollector()
+	run(t, c, col.deliver)
+	first := col.next(t, "first")
+	col.next(t, "second")
+
+	c.Free(first.WorkerID)
+	third := col.next(t, "after a slot freed up")
+	if third.WorkerID != first.WorkerID {
+		t.Fatalf("row went to %s, want the freed slot %s", third.WorkerID, first.WorkerID)
+	}
+	if s := c.Stats(); s.Claims != 2 {
+		t.Fatalf("claims = %d, want 2 (one per wake-up)", s.Claims)
+	}
+}
+
+func TestRunSafetyNetAndWakeAt(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+
+	// A row scheduled in the future; the claimer is told when.
+	var runAfter time.Time
+	err := pool.QueryRow(ctx, `INSERT INTO files.files (source, run_after) VALUES ('later', now() + interval '300 milliseconds')
+		RETURNING run_after`).Scan(&runAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claim.New(pool, &claim.Config{Idle: []string{"n:1:0"}, SafetyNet: time.Hour})
+	col := newCollector()
+	run(t, c, col.deliver)
+	c.WakeAt(runAfter)
+	r := col.next(t, "at run_after")
+	if r.Source != "later" || time.Now().Before(runAfter) {
+		t.Fatalf("got %q at %v, run_after %v", r.Source, time.Now(), runAfter)
+	}
+
+	// The safety net alone finds a row nobody announced.
+	pool2 := pgtest.Pool(t)
+	c2 := claim.New(pool2, &claim.Config{Idle: []string{"n:2:0"}, SafetyNet: 200 * time.Millisecond})
+	col2 := newCollector()
+	run(t, c2, col2.deliver)
+	waitFor(t, "the first look", func() bool { return c2.Stats().Claims >= 1 })
+	insert(t, pool2, 1, "default")
+	col2.next(t, "by the safety net")
+	if c2.Stats().SafetyWakes == 0 {
+		t.Fatal("no safety-net wake counted")
+	}
+}
+
+// Connection errors back off, log once, and claiming resumes by itself.
+func TestRunSurvivesConnectionErrors(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	proxy := pgtest.StartProxy(t, url)
+	pool := pgtest.PoolFor(t, proxy.URL(t, url))
+	direct := pgtest.PoolFor(t, url)
+	var logs syncBuffer
+	bell := make(chan struct{}, 1)
+	c := claim.New(pool, &claim.Config{
+		Idle: []string{"n:1:0"}, Doorbell: bell, SafetyNet: time.Hour,
+		BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	proxy.Refuse()
+	proxy.Drop()
+	insert(t, direct, 1, "default")
+	bell <- struct{}{}
+	waitFor(t, "five failed claims", func() bool { return c.Stats().Errors >= 5 })
+	proxy.Restore()
+	col.next(t, "after the outage")
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 {
+		t.Fatalf("%d warnings for one outage, want 1:\n%s", n, logs.String())
+	}
+}
+
+// The claimer sends plain calls with parameters: it works whatever statement
+// mode the pool uses (PgBouncer in transaction mode needs Exec or simple protocol).
+func TestClaimStatementModes(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		insert(t, pool, 2, "q")
+		rows, err := claim.New(pool, &claim.Config{Queues: []string{"q"}}).Claim(context.Background(), []string{"m:" + mode.String()})
+		pool.Close()
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("mode %v: %d rows, %v", mode, len(rows), err)
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,281 @@
+package listener_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/listener"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// start runs a listener on url until the end of the test.
+func start(t *testing.T, cfg *listener.Config) *listener.Listener {
+	t.Helper()
+	l, err := listener.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := l.Listen(ctx); err != nil {
+			t.Errorf("Listen: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return l
+}
+
+// ring waits for a doorbell.
+func ring(t *testing.T, s *listener.Subscription, what string) {
+	t.Helper()
+	select {
+	case <-s.Doorbell():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no ring: %s", what)
+	}
+}
+
+func notify(t *testing.T, pool *pgxpool.Pool, channel, payload string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rung(s *listener.Subscription) bool {
+	select {
+	case <-s.Doorbell():
+		return true
+	default:
+		return false
+	}
+}
+
+func TestDoorbellsCoalesceAndFilter(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := start(t, &listener.Config{URL: url})
+
+	a := l.Subscribe("a")
+	defer a.Close()
+	b := l.Subscribe("b")
+	defer b.Close()
+	all := l.Subscribe()
+	defer all.Close()
+	marker := l.Subscribe("marker")
+	defer marker.Close()
+	ring(t, a, "connect")
+	ring(t, b, "connect")
+	ring(t, all, "connect")
+	ring(t, marker, "connect")
+
+	// Fifty notifications for a, each in its own transaction (PostgreSQL
+	// folds identical ones within a transaction), then a marker: once the
+	// marker rang, everything before it was dispatched.
+	for range 50 {
+		notify(t, pool, listener.ChannelPending, "a")
+	}
+	notify(t, pool, listener.ChannelPending, "marker")
+	ring(t, marker, "marker")
+
+	if !rung(a) {
+		t.Fatal("a: no ring after 50 notifications")
+	}
+	if rung(a) {
+		t.Fatal("a: rings did not coalesce into one")
+	}
+	if rung(b) {
+		t.Fatal("b rang for queue a")
+	}
+	if !rung(all) {
+		t.Fatal("an unfiltered subscriber did not ring")
+	}
+	if got := l.Stats().Notifications; got < 51 {
+		t.Fatalf("Notifications = %d, want at least 51", got)
+	}
+}
+
+func TestSlowSubscriberDoesNotBlockOthers(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := start(t, &listener.Config{URL: url})
+
+	slow := l.Subscribe() // never reads
+	defer slow.Close()
+	fast := l.Subscribe()
+	defer fast.Close()
+	ring(t, fast, "connect")
+	for i := range 20 {
+		notify(t, pool, listener.ChannelPending, "q")
+		ring(t, fast, "notification "+string(rune('a'+i)))
+	}
+	if n := len(slow.Doorbell()); n != 1 {
+		t.Fatalf("slow subscriber holds %d rings, want 1", n)
+	}
+}
+
+func TestReconnectRingsEveryDoorbell(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := start(t, &listener.Config{URL: url, BackoffMin: 10 * time.Millisecond})
+
+	a := l.Subscribe("a")
+	defer a.Close()
+	b := l.Subscribe("b")
+	defer b.Close()
+	ring(t, a, "connect")
+	ring(t, b, "connect")
+
+	terminateListener(t, pool)
+	ring(t, a, "reconnect")
+	ring(t, b, "reconnect")
+	if s := l.Stats(); s.Reconnects < 1 || !s.Connected {
+		t.Fatalf("stats after reconnect: %+v", s)
+	}
+}
+
+// terminateListener ends the listener's backend and waits until it is gone.
+func terminateListener(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `
+		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'pgworker listener'`).Scan(&n)
+	if err != nil || n != 1 {
+		t.Fatalf("terminate the listener's backend: %d terminated, %v", n, err)
+	}
+}
+
+func TestControlMessages(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := start(t, &listener.Config{URL: url})
+
+	got := make(chan listener.Control, 1)
+	remove := l.OnControl(func(c listener.Control) { got <- c })
+	defer remove()
+	sub := l.Subscribe()
+	defer sub.Close()
+	ring(t, sub, "connect")
+
+	msg, _ := json.Marshal(map[string]any{"op": "cancel", "file_id": 42, "worker_id": "n:1:0"})
+	notify(t, pool, listener.ChannelControl, string(msg))
+	select {
+	case c := <-got:
+		if c != (listener.Control{Op: "cancel", FileID: 42, WorkerID: "n:1:0"}) {
+			t.Fatalf("got %+v", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no control message")
+	}
+}
+
+// A peer that vanishes without closing (a failover, a cable pulled) leaves a
+// half-open connection: the ping on the idle connection must notice.
+func TestHealthCheckReplacesHalfOpenConnection(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	proxy := pgtest.StartProxy(t, url)
+	l := start(t, &listener.Config{
+		URL:          proxy.URL(t, url),
+		PingInterval: 100 * time.Millisecond,
+		PingTimeout:  300 * time.Millisecond,
+		BackoffMin:   10 * time.Millisecond,
+		BackoffMax:   100 * time.Millisecond,
+	})
+	sub := l.Subscribe()
+	defer sub.Close()
+	ring(t, sub, "connect")
+
+	proxy.Freeze()
+	waitFor(t, "the listener to notice the silent connection", func() bool { return !l.Stats().Connected })
+	proxy.Restore()
+	ring(t, sub, "reconnect after the half-open connection")
+	if s := l.Stats(); s.Pings == 0 || s.Reconnects < 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// An outage is one warning, however many attempts it takes, and the end of it
+// rings every doorbell.
+func TestOutageLogsOnceAndRingsAfter(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	proxy := pgtest.StartProxy(t, url)
+	var logs syncBuffer
+	l := start(t, &listener.Config{
+		URL:        proxy.URL(t, url),
+		Logger:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		BackoffMin: time.Millisecond,
+		BackoffMax: 5 * time.Millisecond,
+	})
+	sub := l.Subscribe()
+	defer sub.Close()
+	ring(t, sub, "connect")
+
+	proxy.Refuse()
+	proxy.Drop()
+	waitFor(t, "twenty failed attempts", func() bool { return l.Stats().Failures >= 20 })
+	proxy.Restore()
+	ring(t, sub, "reconnect after the outage")
+	waitFor(t, "the recovery line", func() bool { return strings.Contains(logs.String(), "listening again") })
+
+	out := logs.String()
+	if n := strings.Count(out, "level=WARN"); n != 1 {
+		t.Fatalf("%d warnings for one outage, want 1:\n%s", n, out)
+	}
+}
+
+func TestNewNeedsURL(t *testing.T) {
+	if _, err := listener.New(nil); err == nil || !strings.Contains(err.Error(), "missing database URL") {
+		t.Fatalf("New(nil) = %v", err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

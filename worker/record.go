@@ -1,0 +1,422 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgworker/pgworker/claim"
+)
+
+type outcomeKind int
+
+const (
+	kindComplete outcomeKind = iota
+	kindFail
+	kindRelease
+)
+
+// outcome is what a handler's return asks the database to record.
+type outcome struct {
+	t         *task
+	kind      outcomeKind
+	result    *string // JSON, complete only
+	report    *string // JSON
+	message   string  // fail: the error; release: the reason
+	retryable bool
+	reply     chan recorded
+}
+
+type recorded int
+
+const (
+	recordedOK      recorded = iota // the fenced call took it
+	recordedNotHeld                 // the fenced call refused: the row is no longer ours
+	recordedGaveUp                  // the database could not be reached before the lease expired
+)
+
+// report is the attempt report of files.complete and files.fail.
+type report struct {
+	ExitCode   *int            `json:"exit_code,omitempty"`
+	DurationMS float64         `json:"duration_ms"`
+	StderrTail string          `json:"stderr_tail,omitempty"`
+	Output     json.RawMessage `json:"output,omitempty"`
+}
+
+// decide turns a handler's return into the outcome to record.
+func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, cause error) *outcome {
+	o := &outcome{t: t, reply: make(chan recorded, 1)}
+	rep := report{DurationMS: float64(elapsed.Microseconds()) / 1000}
+	var output json.RawMessage
+	if res != nil {
+		rep.ExitCode, rep.StderrTail = res.ExitCode, cleanText(res.StderrTail)
+		if res.Duration > 0 {
+			rep.DurationMS = float64(res.Duration.Microseconds()) / 1000
+		}
+		if res.Output != nil {
+			b, mErr := json.Marshal(res.Output)
+			if mErr != nil && err == nil {
+				err = Permanent(fmt.Errorf("result is not JSON-marshalable: %w", mErr))
+			}
+			output = b
+		}
+	}
+
+	switch {
+	case err == nil:
+		o.kind = kindComplete
+		if output != nil {
+			s := string(output)
+			o.result = &s
+		}
+		w.forgetReleases(t.row.ID)
+	case errors.Is(cause, ErrStopping):
+		o.kind, o.message = kindRelease, "worker stopping: "+err.Error()
+	case IsRelease(err):
+		if w.countRelease(t.row.ID) > w.maxReleases {
+			o.kind, o.retryable = kindFail, true
+			o.message = fmt.Sprintf("released %d times in a row by this worker: %v", w.maxReleases, err)
+			w.forgetReleases(t.row.ID)
+		} else {
+			o.kind, o.message = kindRelease, err.Error()
+		}
+	case errors.Is(cause, ErrTimeout):
+		o.kind, o.retryable = kindFail, true
+		o.message = fmt.Sprintf("handler timed out after %s: %v", w.timeout, err)
+	default:
+		o.kind, o.retryable = kindFail, !IsPermanent(err)
+		o.message = err.Error()
+	}
+	o.message = cleanText(o.message)
+	if o.kind == kindFail {
+		rep.Output = output
+		if o.message == "" {
+			o.message = "failed without an error message"
+		}
+	}
+	if o.kind != kindRelease {
+		b, _ := json.Marshal(rep)
+		s := string(b)
+		o.report = &s
+	}
+	return o
+}
+
+func (w *Worker) countRelease(id int64) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.releases) > 10000 {
+		clear(w.releases)
+	}
+	w.releases[id]++
+	return w.releases[id]
+}
+
+func (w *Worker) forgetReleases(id int64) {
+	w.mu.Lock()
+	delete(w.releases, id)
+	w.mu.Unlock()
+}
+
+// settle records an outcome and waits for the answer, so that the slot stays
+// busy until its row is settled.
+func (w *Worker) settle(t *task, o *outcome) {
+	var r recorded
+	if o.kind == kindRelease {
+		r = w.release(t, o.message)
+	} else {
+		select {
+		case w.recordCh <- o:
+			r = <-o.reply
+		case <-w.loopCtx.Done():
+			r = recordedGaveUp
+		}
+	}
+	switch r {
+	case recordedOK:
+		switch o.kind {
+		case kindComplete:
+			w.done.Add(1)
+		case kindFail:
+			w.failed.Add(1)
+			if !o.retryable {
+				w.logger.Info("worker: row failed permanently", "file_id", t.row.ID, "error", o.message)
+			}
+		case kindRelease:
+			w.released.Add(1)
+		}
+	case recordedNotHeld:
+		w.mu.Lock()
+		gone := t.gone
+		w.mu.Unlock()
+		if gone == nil {
+			w.lost.Add(1)
+			w.logger.Warn("worker: outcome refused: the row is no longer held by this attempt",
+				"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
+		}
+	case recordedGaveUp:
+		w.lost.Add(1)
+		w.logger.Warn("worker: outcome lost: the database could not record it before the lease expired",
+			"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
+	}
+}
+
+// release hands a row back without spending an attempt, retrying connection
+// errors while the lease may still be ours.
+func (w *Worker) release(t *task, reason string) recorded {
+	ctx := w.loopCtx
+	for n := 1; ; n++ {
+		if w.expired(t) || ctx.Err() != nil {
+			return recordedGaveUp
+		}
+		qctx, cancel := context.WithTimeout(ctx, w.lease)
+		var ok bool
+		err := w.pool.QueryRow(qctx, sqlRelease, t.row.ID, t.row.WorkerID, t.row.Attempt, reason).Scan(&ok)
+		cancel()
+		switch {
+		case err == nil && ok:
+			return recordedOK
+		case err == nil:
+			return recordedNotHeld
+		case !retryable(err):
+			w.logger.Error("worker: release failed; the row returns to the queue when its lease expires",
+				"file_id", t.row.ID, "error", err)
+			return recordedGaveUp
+		}
+		w.logger.Debug("worker: release failed; retrying", "file_id", t.row.ID, "error", err)
+		if !sleep(ctx, backoff(n)) {
+			return recordedGaveUp
+		}
+	}
+}
+
+// expired reports whether t's lease has certainly expired by the local clock.
+func (w *Worker) expired(t *task) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return time.Now().After(t.leaseUntil)
+}
+
+// recordLoop batches the outcomes of all slots: whatever queued up while the
+// previous statement ran goes into the next one.
+func (w *Worker) recordLoop(ctx context.Context) {
+	for {
+		var batch []*outcome
+		select {
+		case o := <-w.recordCh:
+			batch = append(batch, o)
+		case <-ctx.Done():
+			return
+		}
+	fill:
+		for len(batch) < w.maxBatch {
+			select {
+			case o := <-w.recordCh:
+				batch = append(batch, o)
+			default:
+				break fill
+			}
+		}
+		var completes, fails []*outcome
+		for _, o := range batch {
+			if o.kind == kindComplete {
+				completes = append(completes, o)
+			} else {
+				fails = append(fails, o)
+			}
+		}
+		w.flush(ctx, completes, w.completeMany)
+		w.flush(ctx, fails, w.failMany)
+	}
+}
+
+// flush records a batch, retrying connection errors with backoff; each
+// outcome gets its answer on its reply channel.
+func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Context, []*outcome) (map[int64]bool, error)) {
+	var down time.Time
+	for n := 1; len(obs) > 0; n++ {
+		obs = w.dropExpired(obs)
+		if len(obs) == 0 || ctx.Err() != nil {
+			break
+		}
+		qctx, cancel := context.WithTimeout(ctx, w.lease)
+		took, err := send(qctx, obs)
+		cancel()
+		if err == nil {
+			for _, o := range obs {
+				if took[o.t.row.ID] {
+					o.reply <- recordedOK
+				} else {
+					o.reply <- recordedNotHeld
+				}
+			}
+			if !down.IsZero() {
+				w.logger.Info("worker: outcomes recorded again", "down_for", time.Since(down).Round(time.Millisecond))
+			}
+			return
+		}
+		if !retryable(err) {
+			w.salvage(ctx, obs, send, err)
+			return
+		}
+		switch {
+		case claim.RaceLost(err):
+			w.logger.Debug("worker: recording outcomes lost a race; retrying", "rows", len(obs), "error", err)
+		case down.IsZero():
+			down = time.Now()
+			w.logger.Warn("worker: cannot record outcomes; retrying while the leases last", "rows", len(obs), "error", err)
+		default:
+			w.logger.Debug("worker: still cannot record outcomes", "rows", len(obs), "error", err)
+		}
+		if !sleep(ctx, backoff(n)) {
+			break
+		}
+	}
+	for _, o := range obs {
+		o.reply <- recordedGaveUp
+	}
+}
+
+// salvage handles a batch the database refused (a result it cannot store, say
+// a string with a NUL character): each outcome is tried alone, so that one
+// bad row does not cost the others their outcomes; a refused result becomes a
+// permanent failure that says why, a refused report is dropped.
+func (w *Worker) salvage(ctx context.Context, obs []*outcome, send func(context.Context, []*outcome) (map[int64]bool, error), err error) {
+	if len(obs) > 1 {
+		for _, o := range obs {
+			w.flush(ctx, []*outcome{o}, send)
+		}
+		return
+	}
+	o := obs[0]
+	w.logger.Error("worker: the database refused an outcome", "file_id", o.t.row.ID, "error", err)
+	switch {
+	case o.kind == kindComplete:
+		o.kind, o.retryable, o.result = kindFail, false, nil
+		o.message = "the result could not be recorded: " + err.Error()
+		w.flush(ctx, obs, w.failMany)
+	case o.report != nil:
+		o.report = nil
+		w.flush(ctx, obs, send)
+	default:
+		o.reply <- recordedGaveUp
+	}
+}
+
+// dropExpired answers the outcomes whose lease has certainly expired and
+// returns the others.
+func (w *Worker) dropExpired(obs []*outcome) []*outcome {
+	keep := obs[:0]
+	for _, o := range obs {
+		if w.expired(o.t) {
+			o.reply <- recordedGaveUp
+		} else {
+			keep = append(keep, o)
+		}
+	}
+	return keep
+}
+
+func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
+	ids, wids, attempts := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs))
+	results, reports := make([]*string, len(obs)), make([]*string, len(obs))
+	for i, o := range obs {
+		ids[i], wids[i], attempts[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt)
+		results[i], reports[i] = o.result, o.report
+	}
+	rows, err := w.pool.Query(ctx, sqlComplete, ids, wids, attempts, results, reports)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	took := make(map[int64]bool, len(obs))
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		took[id] = true
+	}
+	return took, rows.Err()
+}
+
+func (w *Worker) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
+	ids, wids, attempts := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs))
+	errs, retry, reports := make([]string, len(obs)), make([]bool, len(obs)), make([]*string, len(obs))
+	for i, o := range obs {
+		ids[i], wids[i], attempts[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt)
+		errs[i], retry[i], reports[i] = o.message, o.retryable, o.report
+	}
+	rows, err := w.pool.Query(ctx, sqlFail, ids, wids, attempts, errs, retry, reports)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	took := make(map[int64]bool, len(obs))
+	for rows.Next() {
+		var (
+			id       int64
+			state    string
+			runAfter time.Time
+		)
+		if err := rows.Scan(&id, &state, &runAfter); err != nil {
+			return nil, err
+		}
+		took[id] = true
+		if state == "pending" {
+			// Nobody announces a retry when it comes due: look then.
+			w.claimer.WakeAt(runAfter)
+		}
+	}
+	return took, rows.Err()
+}
+
+// cleanText makes s storable as PostgreSQL text: valid UTF-8 without NUL
+// characters (a backend's stderr can hold anything).
+func cleanText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+}
+
+// retryable reports whether a failed statement may succeed when sent again:
+// connection trouble, a server restarting or failing over, lost races.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // network errors and timeouts
+	}
+	if strings.HasPrefix(pgErr.Code, "08") { // connection exception
+		return true
+	}
+	switch pgErr.Code {
+	case "40001", "40P01", // serialization failure, deadlock
+		"57P01", "57P02", "57P03", // admin shutdown, crash shutdown, cannot connect now
+		"53300", "25006", "55P03", "57014": // too many connections, read-only (standby), lock timeout, query cancelled
+		return true
+	}
+	return false
+}
+
+func backoff(n int) time.Duration {
+	d := 5 * time.Second
+	if n < 10 {
+		d = min(d, 50*time.Millisecond<<(n-1))
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

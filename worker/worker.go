@@ -1,0 +1,653 @@
+// Package worker is the pgworker runtime: it runs a Handler on the rows of
+// files.files with N slots in one process.
+//
+// A Worker registers its slots in files.workers (worker ids node:pid:slot),
+// claims one row per idle slot in one query whenever the process's LISTEN
+// connection rings (package claim, package listener), runs the handler, and
+// records the outcome through the fenced SQL API, batching the outcomes of
+// many slots into one statement. One heartbeat statement per process and
+// interval keeps its slots alive and its leases extended; a row missing from
+// the heartbeat's answer was lost, and its handler's context is cancelled with
+// ErrLeaseLost. Every worker also runs files.reap on its own schedule. With
+// MaxSlots above Slots the number of slots follows the backlog.
+//
+// Handlers report failures as errors: Permanent(err) fails the row without
+// retries, Release(err) hands it back without spending an attempt. A
+// Result returned with the error is recorded on the failed attempt (exit
+// code, duration, stderr tail).
+//
+//	w, err := worker.New(pool, &worker.Config{
+//		Queues: []string{"default"},
+//		Slots:  8,
+//		Handler: worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+//			// process job.Source
+//			return &worker.Result{Output: map[string]any{"ok": true}}, nil
+//		}),
+//		Logger: logger,
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	if err := w.Start(ctx); err != nil {
+//		return err
+//	}
+//	<-shutdown
+//	stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+//	defer cancel()
+//	return w.Stop(stopCtx) // lets running handlers finish, then releases what is left
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/claim"
+	"github.com/pgworker/pgworker/listener"
+)
+
+// The statements the runtime sends: calls of the SQL API only.
+const (
+	sqlRegister   = `SELECT files.register_worker($1, $2, $3::integer, $4::integer, $5, $6::text[], $7::interval)`
+	sqlDeregister = `SELECT files.deregister_worker($1)`
+	sqlDrain      = `SELECT files.drain_worker(VARIADIC $1::text[])`
+	sqlHeartbeat  = `SELECT worker_id, file_id, attempt FROM files.heartbeat(VARIADIC $1::text[])`
+	sqlReap       = `SELECT files.reap()`
+	sqlRelease    = `SELECT files.release($1::bigint, $2, $3::integer, $4)`
+	sqlComplete   = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::jsonb[], $5::jsonb[])`
+	sqlFail       = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::boolean[], $6::jsonb[])`
+)
+
+// recorders is how many statements recording outcomes may run at once.
+const recorders = 2
+
+// stopGrace is how long Stop waits for handlers to return once it has
+// cancelled them.
+const stopGrace = 5 * time.Second
+
+// Config configures a Worker. Handler is required; every other field has a
+// default.
+type Config struct {
+	// Handler processes the rows. Required.
+	Handler Handler
+
+	// Queues to serve. Defaults to all queues.
+	Queues []string
+
+	// Slots is how many rows the process works on at once; with MaxSlots,
+	// the least it keeps. Defaults to 1.
+	Slots int
+
+	// MaxSlots, when above Slots, lets the worker scale between Slots and
+	// MaxSlots: while at least three quarters of its slots are busy and the
+	// claimable backlog per busy slot stays above ScaleThreshold, it adds
+	// slots; while it stays below half of that (or the process is idle), it
+	// removes idle ones. Defaults to Slots: no scaling.
+	MaxSlots int
+
+	// ScaleThreshold is the backlog per busy slot above which a scaling
+	// worker grows. Defaults to 1.
+	ScaleThreshold float64
+
+	// Timeout bounds one handler call; the attempt then fails with ErrTimeout
+	// and is retried. Defaults to none.
+	Timeout time.Duration
+
+	// HeartbeatInterval is how often the process proves its slots alive and
+	// extends its leases. Defaults to 5s.
+	HeartbeatInterval time.Duration
+
+	// LeaseTimeout is how long a slot may stay silent before files.reap takes
+	// its row back. Keep it a few heartbeats long. Defaults to 15s.
+	LeaseTimeout time.Duration
+
+	// ReapInterval is how often this process runs files.reap (every node does;
+	// the SQL makes it safe). Negative disables it. Defaults to LeaseTimeout.
+	ReapInterval time.Duration
+
+	// SafetyNet is the longest an idle process waits without a notification
+	// before it looks for work anyway. Defaults to 30s.
+	SafetyNet time.Duration
+
+	// Listener is a listener shared with other users in the process; the
+	// caller runs its Listen. Defaults to a listener of the worker's own, on
+	// ListenURL.
+	Listener *listener.Listener
+
+	// ListenURL is the database URL of the worker's own LISTEN connection: a
+	// direct or session-pooled URL when the pool goes through a
+	// transaction-pooling PgBouncer. Defaults to the pool's connection settings.
+	ListenURL string
+
+	// Node is the host name recorded for the slots. Defaults to os.Hostname().
+	Node string
+
+	// WorkerIDPrefix prefixes the slot ids (prefix:slot). Defaults to
+	// "node:pid", with "-2", "-3"... appended for further workers of the
+	// same process.
+	WorkerIDPrefix string
+
+	// Version is recorded for the slots. Defaults to empty.
+	Version string
+
+	// MaxReleases is how many times in a row this process hands back the same
+	// row with Release before failing it instead. Defaults to 3.
+	MaxReleases int
+
+	// MaxBatch caps how many outcomes one statement records. Smaller batches
+	// free their slots sooner; two statements may run at once. Defaults to 100.
+	MaxBatch int
+
+	// Logger receives the worker's log lines. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Stats are a Worker's counters since it started.
+type Stats struct {
+	Claims                uint64 // claim queries
+	Claimed               uint64 // rows claimed
+	RacesLost             uint64 // claims that got nothing (no rows, 40001, 40P01)
+	SerializationFailures uint64 // of those, claims that failed with 40001 or 40P01
+	Slots                 int    // slots now (varies with MaxSlots)
+	ClaimErrors           uint64 // claims that failed otherwise
+	SafetyWakes           uint64 // wake-ups by the safety net
+	Done                  uint64 // rows completed
+	Failed                uint64 // attempts recorded as failed (retried or not)
+	Released              uint64 // rows handed back without spending an attempt
+	Lost                  uint64 // outcomes not recorded: the row was no longer held
+	Cancelled             uint64 // running rows cancelled by an operator
+	LeaseLosses           uint64 // running rows found lost by a heartbeat
+	Orphans               uint64 // rows held in the database but unknown here, released
+	Heartbeats            uint64
+	HeartbeatErrors       uint64
+	Reaped                uint64 // rows this process's reaps returned to the queue
+	ListenerReconnects    uint64
+	Listening             bool // the LISTEN connection is up
+	BusySlots             int
+	IdleSlots             int
+}
+
+// Worker runs a Handler on claimed rows. Create it with New.
+type Worker struct {
+	pool    *pgxpool.Pool
+	handler Handler
+	logger  *slog.Logger
+
+	queues      []string
+	minSlots    int
+	maxSlots    int
+	threshold   float64
+	prefix      string
+	timeout     time.Duration
+	heartbeat   time.Duration
+	lease       time.Duration
+	reapEvery   time.Duration
+	safetyNet   time.Duration
+	listenURL   string
+	node        string
+	version     string
+	maxReleases int
+	maxBatch    int
+
+	listener    *listener.Listener
+	ownListener bool
+	sub         *listener.Subscription
+	stopControl func()
+	claimer     *claim.Claimer
+
+	started   atomic.Bool
+	stopping  atomic.Bool // no more scaling
+	stopOnce  sync.Once
+	stopped   chan struct{}
+	closing   atomic.Bool // late outcomes are discarded
+	startStop chan struct{}
+
+	loopCtx       context.Context // heartbeat, reap, record, own listener
+	loopCancel    context.CancelFunc
+	loops         sync.WaitGroup
+	claimCancel   context.CancelFunc
+	claimDone     chan struct{}
+	handlerCtx    context.Context // parent of every handler's context
+	handlerCancel context.CancelCauseFunc
+	handlers      sync.WaitGroup
+	recordCh      chan *outcome
+
+	mu       sync.Mutex
+	ids      []string // the slots, in slot order
+	nextSlot int
+	above    int // consecutive scaling checks above the threshold
+	below    int // consecutive scaling checks below half of it
+	running  map[int64]*task
+	suspects map[heldRow]int // held in the database, unknown here
+	releases map[int64]int   // rows released by Release, in a row
+
+	done, failed, released, lost, cancelled, leaseLosses, orphans, reaped atomic.Uint64
+	heartbeats, heartbeatErrors                                           atomic.Uint64
+}
+
+// task is a row being worked on.
+type task struct {
+	row        claim.Row
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	received   time.Time // when the claim's answer arrived
+	leaseUntil time.Time // local time by which the lease has certainly expired, unless extended
+	finishing  bool      // the handler returned
+	gone       error     // ErrLeaseLost or ErrCancelled, once known
+}
+
+// heldRow is one row of a heartbeat's answer.
+type heldRow struct {
+	workerID string
+	fileID   int64
+	attempt  int32
+}
+
+var workersInProcess atomic.Int64
+
+// New returns a worker that claims through pool. It starts with Start.
+func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
+	if pool == nil {
+		return nil, errors.New("worker: missing pool")
+	}
+	if cfg == nil || cfg.Handler == nil {
+		return nil, errors.New("worker: missing handler (set Config.Handler)")
+	}
+	w := &Worker{
+		pool:        pool,
+		handler:     cfg.Handler,
+		logger:      cfg.Logger,
+		queues:      slices.Clone(cfg.Queues),
+		minSlots:    max(cfg.Slots, 1),
+		threshold:   cfg.ScaleThreshold,
+		timeout:     max(cfg.Timeout, 0),
+		heartbeat:   orDefault(cfg.HeartbeatInterval, 5*time.Second),
+		lease:       orDefault(cfg.LeaseTimeout, 15*time.Second),
+		safetyNet:   orDefault(cfg.SafetyNet, 30*time.Second),
+		listener:    cfg.Listener,
+		listenURL:   cfg.ListenURL,
+		node:        cfg.Node,
+		version:     cfg.Version,
+		maxReleases: cfg.MaxReleases,
+		maxBatch:    cfg.MaxBatch,
+		stopped:     make(chan struct{}),
+		startStop:   make(chan struct{}),
+		claimDone:   make(chan struct{}),
+		recordCh:    make(chan *outcome),
+		running:     map[int64]*task{},
+		suspects:    map[heldRow]int{},
+		releases:    map[int64]int{},
+	}
+	if w.logger == nil {
+		w.logger = slog.New(slog.DiscardHandler)
+	}
+	if len(w.queues) == 0 {
+		w.queues = nil
+	}
+	w.reapEvery = cfg.ReapInterval
+	if w.reapEvery == 0 {
+		w.reapEvery = w.lease
+	}
+	if w.maxReleases <= 0 {
+		w.maxReleases = 3
+	}
+	if w.maxBatch <= 0 {
+		w.maxBatch = 100
+	}
+	w.maxSlots = max(cfg.MaxSlots, w.minSlots)
+	if w.threshold <= 0 {
+		w.threshold = 1
+	}
+	if w.heartbeat >= w.lease {
+		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", w.heartbeat, w.lease)
+	}
+	if w.node == "" {
+		w.node, _ = os.Hostname()
+		if w.node == "" {
+			w.node = "localhost"
+		}
+	}
+	w.prefix = cfg.WorkerIDPrefix
+	if w.prefix == "" {
+		w.prefix = w.node + ":" + strconv.Itoa(os.Getpid())
+		if n := workersInProcess.Add(1); n > 1 {
+			w.prefix += "-" + strconv.FormatInt(n, 10)
+		}
+	}
+	w.ids = w.newIDs(w.minSlots)
+	return w, nil
+}
+
+// newIDs numbers n more slots.
+func (w *Worker) newIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = w.prefix + ":" + strconv.Itoa(w.nextSlot)
+		w.nextSlot++
+	}
+	return ids
+}
+
+// WorkerIDs returns the ids of the worker's slots.
+func (w *Worker) WorkerIDs() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.ids)
+}
+
+// Start registers the slots and starts claiming. The worker runs until Stop
+// or StopAndCancel, or until ctx ends, which stops it as StopAndCancel does.
+func (w *Worker) Start(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return errors.New("worker: already started")
+	}
+	if w.listener == nil {
+		l, err := w.newListener()
+		if err != nil {
+			w.started.Store(false)
+			return err
+		}
+		w.listener, w.ownListener = l, true
+	}
+	if err := w.register(ctx, w.ids); err != nil {
+		w.started.Store(false)
+		return err
+	}
+
+	w.loopCtx, w.loopCancel = context.WithCancel(context.Background())
+	w.handlerCtx, w.handlerCancel = context.WithCancelCause(context.Background())
+	claimCtx, claimCancel := context.WithCancel(context.Background())
+	w.claimCancel = claimCancel
+
+	w.sub = w.listener.Subscribe(w.queues...)
+	w.stopControl = w.listener.OnControl(w.onControl)
+	w.claimer = claim.New(w.pool, &claim.Config{
+		Queues:    w.queues,
+		Idle:      w.WorkerIDs(),
+		Doorbell:  w.sub.Doorbell(),
+		SafetyNet: w.safetyNet,
+		Logger:    w.logger,
+	})
+
+	if w.ownListener {
+		w.goLoop(func(ctx context.Context) { _ = w.listener.Listen(ctx) })
+	}
+	w.goLoop(w.heartbeatLoop)
+	if w.reapEvery > 0 {
+		w.goLoop(w.reapLoop)
+	}
+	for range recorders {
+		w.goLoop(w.recordLoop)
+	}
+	go func() {
+		defer close(w.claimDone)
+		_ = w.claimer.Run(claimCtx, w.deliver)
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.lease)
+			defer cancel()
+			_ = w.StopAndCancel(stopCtx)
+		case <-w.startStop:
+		}
+	}()
+	w.logger.Info("worker started", "slots", len(w.ids), "max_slots", w.maxSlots, "queues", w.queues,
+		"first_worker_id", w.ids[0])
+	return nil
+}
+
+func (w *Worker) newListener() (*listener.Listener, error) {
+	cfg := &listener.Config{URL: w.listenURL, Logger: w.logger}
+	if cfg.URL == "" {
+		cfg.ConnConfig = &w.pool.Config().ConnConfig.Config
+	}
+	l, err := listener.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return l, nil
+}
+
+func (w *Worker) goLoop(f func(ctx context.Context)) {
+	w.loops.Add(1)
+	go func() {
+		defer w.loops.Done()
+		f(w.loopCtx)
+	}()
+}
+
+func (w *Worker) register(ctx context.Context, ids []string) error {
+	b := &pgx.Batch{}
+	pid := os.Getpid()
+	lease := pgtype.Interval{Microseconds: w.lease.Microseconds(), Valid: true}
+	for _, id := range ids {
+		slot, _ := strconv.Atoi(id[strings.LastIndexByte(id, ':')+1:])
+		b.Queue(sqlRegister, id, w.node, pid, slot, w.version, w.queues, lease)
+	}
+	if err := w.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("worker: register slots: %w", err)
+	}
+	return nil
+}
+
+// deregister marks slots stopped; the rows they still hold are released.
+func (w *Worker) deregister(ctx context.Context, ids []string) {
+	b := &pgx.Batch{}
+	for _, id := range ids {
+		b.Queue(sqlDeregister, id)
+	}
+	if err := w.pool.SendBatch(ctx, b).Close(); err != nil {
+		w.logger.Warn("worker: deregister slots; files.reap will return their rows", "error", err)
+	}
+}
+
+// Stop stops claiming, marks the slots draining and lets running handlers
+// finish and record their outcomes. When ctx ends first, it cancels the
+// handlers (cause ErrStopping), releases their rows without spending an
+// attempt, and returns ctx's error. The slots are deregistered at the end.
+func (w *Worker) Stop(ctx context.Context) error { return w.stop(ctx, false) }
+
+// StopAndCancel stops claiming and cancels the running handlers at once
+// (cause ErrStopping); their rows are released without spending an attempt,
+// unless a handler still completes. It can also hurry a Stop in progress.
+func (w *Worker) StopAndCancel(ctx context.Context) error { return w.stop(ctx, true) }
+
+func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
+	if !w.started.Load() {
+		return nil
+	}
+	if cancelNow {
+		w.handlerCancel(ErrStopping)
+	}
+	first := false
+	w.stopOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-w.stopped:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	defer close(w.stopped)
+	close(w.startStop)
+	w.stopping.Store(true)
+
+	w.claimCancel()
+	<-w.claimDone
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.lease)
+	if _, err := w.pool.Exec(dctx, sqlDrain, w.WorkerIDs()); err != nil {
+		w.logger.Debug("worker: mark slots draining", "error", err)
+	}
+	cancel()
+
+	var err error
+	finished := make(chan struct{})
+	go func() {
+		w.handlers.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-ctx.Done():
+		err = ctx.Err()
+		w.handlerCancel(ErrStopping)
+		grace := time.NewTimer(stopGrace)
+		select {
+		case <-finished:
+		case <-grace.C:
+			w.logger.Warn("worker: handlers did not return after cancellation; their rows are released",
+				"handlers", w.Stats().BusySlots)
+		}
+		grace.Stop()
+	}
+
+	// Whatever is still held (handlers that did not return) goes back to the
+	// queue with the slots.
+	w.closing.Store(true)
+	dctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), w.lease)
+	w.deregister(dctx, w.WorkerIDs())
+	cancel()
+
+	w.loopCancel()
+	w.loops.Wait()
+	w.sub.Close()
+	w.stopControl()
+	w.handlerCancel(ErrStopping)
+	w.logger.Info("worker stopped", "done", w.done.Load(), "failed", w.failed.Load(), "released", w.released.Load())
+	return err
+}
+
+// Stats returns the worker's counters.
+func (w *Worker) Stats() Stats {
+	w.mu.Lock()
+	busy, slots := len(w.running), len(w.ids)
+	w.mu.Unlock()
+	s := Stats{
+		Done:            w.done.Load(),
+		Failed:          w.failed.Load(),
+		Released:        w.released.Load(),
+		Lost:            w.lost.Load(),
+		Cancelled:       w.cancelled.Load(),
+		LeaseLosses:     w.leaseLosses.Load(),
+		Orphans:         w.orphans.Load(),
+		Heartbeats:      w.heartbeats.Load(),
+		HeartbeatErrors: w.heartbeatErrors.Load(),
+		Reaped:          w.reaped.Load(),
+		BusySlots:       busy,
+		Slots:           slots,
+		IdleSlots:       max(slots-busy, 0),
+	}
+	if w.claimer != nil {
+		cs := w.claimer.Stats()
+		s.Claims, s.Claimed, s.RacesLost, s.ClaimErrors, s.SafetyWakes = cs.Claims, cs.Rows, cs.RacesLost, cs.Errors, cs.SafetyWakes
+		s.SerializationFailures = cs.Serialization
+	}
+	if w.listener != nil {
+		ls := w.listener.Stats()
+		s.ListenerReconnects, s.Listening = ls.Reconnects, ls.Connected
+	}
+	return s
+}
+
+// deliver starts the handler of a claimed row; it runs on the claimer's goroutine.
+func (w *Worker) deliver(r claim.Row) {
+	now := time.Now()
+	ctx, cancel := context.WithCancelCause(w.handlerCtx)
+	t := &task{row: r, ctx: ctx, cancel: cancel, received: now, leaseUntil: now.Add(w.lease)}
+	w.mu.Lock()
+	w.running[r.ID] = t
+	w.mu.Unlock()
+	w.handlers.Add(1)
+	go w.execute(t)
+}
+
+func (w *Worker) execute(t *task) {
+	defer w.handlers.Done()
+	defer w.finish(t)
+
+	ctx := t.ctx
+	if w.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, w.timeout, ErrTimeout)
+		defer cancel()
+	}
+	job := &Job{
+		ID: t.row.ID, Queue: t.row.Queue, Priority: t.row.Priority, Source: t.row.Source,
+		Payload: t.row.Payload, Attempt: t.row.Attempt, MaxAttempts: t.row.MaxAttempts,
+		WorkerID: t.row.WorkerID, CreatedAt: t.row.CreatedAt, ClaimedAt: t.row.ClaimedAt,
+		LastError: t.row.LastError,
+	}
+	start := time.Now()
+	res, err := w.call(ctx, job)
+	elapsed := time.Since(start)
+
+	w.mu.Lock()
+	t.finishing = true
+	gone := t.gone
+	w.mu.Unlock()
+	if gone != nil {
+		w.logger.Debug("worker: outcome discarded", "file_id", t.row.ID, "attempt", t.row.Attempt, "reason", gone)
+		return
+	}
+	w.settle(t, w.decide(t, res, err, elapsed, context.Cause(ctx)))
+}
+
+// call runs the handler, turning a panic into an error.
+func (w *Worker) call(ctx context.Context, job *Job) (res *Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			w.logger.Error("worker: handler panicked", "file_id", job.ID, "panic", p)
+			res, err = nil, fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return w.handler.Handle(ctx, job)
+}
+
+// finish frees the slot.
+func (w *Worker) finish(t *task) {
+	w.mu.Lock()
+	delete(w.running, t.row.ID)
+	w.mu.Unlock()
+	t.cancel(nil)
+	if !w.closing.Load() {
+		w.claimer.Free(t.row.WorkerID)
+	}
+}
+
+// onControl handles files_control messages: a cancelled running row stops.
+func (w *Worker) onControl(c listener.Control) {
+	if c.Op != "cancel" {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t := w.running[c.FileID]
+	if t == nil || t.row.WorkerID != c.WorkerID || t.gone != nil {
+		return
+	}
+	t.gone = ErrCancelled
+	t.cancel(ErrCancelled)
+	w.cancelled.Add(1)
+	w.logger.Info("worker: row cancelled by an operator; stopping its handler", "file_id", t.row.ID, "worker_id", c.WorkerID)
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}

@@ -1,0 +1,609 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	neturl "net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/internal/pgbouncertest"
+	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/worker"
+)
+
+// With the safety net an hour away, only the notification of the insert can
+// bring the row to an idle worker.
+func TestDoorbellAloneCarriesWork(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	close(g.open)
+	w := start(t, pool, &worker.Config{Handler: g, Slots: 4, SafetyNet: time.Hour})
+	settled(t, w)
+
+	id := insert(t, pool, 1)[0]
+	if j := g.next(t, "the doorbell"); j.ID != id || j.Attempt != 1 || j.Source != "src-1" {
+		t.Fatalf("job %+v", j)
+	}
+	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE state = 'done' AND result = jsonb_build_object('id', id)")
+	waitFor(t, "the done counter", func() bool { return w.Stats().Done == 1 })
+}
+
+// The listen connection is terminated and stays away while rows arrive: their
+// notifications are lost, and the ring after the reconnect brings them.
+func TestRowsInsertedWhileListenerIsDown(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	proxy := pgtest.StartProxy(t, url)
+	w := start(t, pool, &worker.Config{
+		Handler: noop, Slots: 4, SafetyNet: time.Hour, ListenURL: proxy.URL(t, url),
+	})
+	settled(t, w)
+
+	proxy.Refuse() // the listener cannot come back until Restore
+	if n := count(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'pgworker listener'`); n != 1 {
+		t.Fatalf("terminated %d listen connections, want 1", n)
+	}
+	waitFor(t, "the listener to notice", func() bool { return !w.Stats().Listening })
+	insert(t, pool, 20)
+	insert(t, pool, 5)
+	proxy.Restore()
+
+	waitCount(t, pool, 25, "SELECT count(*) FROM files.files WHERE state = 'done'")
+	waitFor(t, "the done counter", func() bool { return w.Stats().Done == 25 })
+	if s := w.Stats(); s.ListenerReconnects < 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// An immediate restart of the whole server: a handler running across it
+// records its outcome afterwards (the complete is retried), heartbeats
+// resume, and rows inserted before the listener is back are processed.
+func TestServerRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a private PostgreSQL cluster")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgtest.StartCluster(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Destroy()
+	url := cluster.URL("postgres")
+	if err := pgtest.MigrateUp(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.PoolFor(t, url)
+	test := pgtest.PoolFor(t, url)
+	proxy := pgtest.StartProxy(t, url)
+	var logs logCapture
+	g := newGate()
+	w := start(t, pool, &worker.Config{
+		Handler: g, Slots: 4, SafetyNet: time.Hour, ListenURL: proxy.URL(t, url),
+		HeartbeatInterval: 200 * time.Millisecond, LeaseTimeout: 5 * time.Second, Logger: logs.logger(),
+	})
+	settled(t, w)
+	first := insert(t, test, 1)[0]
+	g.next(t, "the first row")
+
+	proxy.Refuse()
+	if err := cluster.Restart(ctx, "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the listener to notice", func() bool { return !w.Stats().Listening })
+	// The test's own pool finds its connections dead once: retry.
+	waitFor(t, "an insert after the restart", func() bool {
+		_, err := test.Exec(ctx, "INSERT INTO files.files (source) SELECT 'after-' || g FROM generate_series(1, 10) g")
+		return err == nil
+	})
+	beats := w.Stats().Heartbeats
+	close(g.open) // the first handler completes now, on a pool whose connections died
+	waitCount(t, test, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'done' AND attempt = 1", first)
+	waitFor(t, "heartbeats to resume", func() bool { return w.Stats().Heartbeats > beats+2 })
+	proxy.Restore()
+
+	waitCount(t, test, 11, "SELECT count(*) FROM files.files WHERE state = 'done'")
+	waitFor(t, "the done counter", func() bool { return w.Stats().Done == 11 })
+	if s := w.Stats(); s.Lost != 0 || s.ListenerReconnects < 1 {
+		t.Fatalf("stats: %+v\n%s", s, logs.String())
+	}
+}
+
+// Under repeatable read, racing claims fail with 40001: that is a lost race,
+// never an error, and every row is still processed exactly once.
+func TestSerializationFailuresAreLostRaces(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, url)
+	if _, err := admin.Exec(context.Background(),
+		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$"); err != nil {
+		t.Fatal(err)
+	}
+	var logs logCapture
+	var handled atomic.Int64
+	h := worker.HandlerFunc(func(context.Context, *worker.Job) (*worker.Result, error) {
+		handled.Add(1)
+		return &worker.Result{Output: "ok"}, nil
+	})
+	var ws []*worker.Worker
+	for range 4 {
+		pool := pgtest.PoolFor(t, url) // new connections: repeatable read
+		ws = append(ws, start(t, pool, &worker.Config{
+			Handler: h, Slots: 8, SafetyNet: time.Hour, Logger: logs.logger(),
+			HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: 10 * time.Second,
+		}))
+	}
+	var iso string
+	if err := pgtest.PoolFor(t, url).QueryRow(context.Background(), "SHOW transaction_isolation").Scan(&iso); err != nil || iso != "repeatable read" {
+		t.Fatalf("isolation %q, %v", iso, err)
+	}
+	for _, w := range ws {
+		settled(t, w)
+	}
+	const rows = 400
+	for range rows / 20 {
+		insert(t, admin, 20)
+	}
+	waitCount(t, admin, rows, "SELECT count(*) FROM files.files WHERE state = 'done'")
+
+	var races uint64
+	for _, w := range ws {
+		races += w.Stats().RacesLost
+	}
+	if got := handled.Load(); got != rows {
+		t.Fatalf("handled %d times, want %d", got, rows)
+	}
+	if n := count(t, admin, "SELECT count(*) FROM files.attempts"); n != rows {
+		t.Fatalf("%d attempts for %d rows", n, rows)
+	}
+	if n := count(t, admin, "SELECT count(*) FROM files.files WHERE attempt <> 1"); n != 0 {
+		t.Fatalf("%d rows took more than one attempt", n)
+	}
+	if problems := logs.problems(); len(problems) > 0 {
+		t.Fatalf("warnings or errors logged:\n%s", strings.Join(problems, "\n"))
+	}
+	var serialization uint64
+	for _, w := range ws {
+		serialization += w.Stats().SerializationFailures
+	}
+	if serialization == 0 {
+		t.Fatalf("no claim failed with 40001 (%d races lost): the test did not exercise the 40001 path", races)
+	}
+	t.Logf("races lost: %d, of which serialization failures: %d", races, serialization)
+}
+
+// A row reaped and claimed by someone else: the heartbeat notices, the
+// handler's context is cancelled with ErrLeaseLost, and its late success
+// changes nothing.
+func TestLeaseLossCancelsHandler(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	lateResult := make(chan error, 1)
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		<-ctx.Done()
+		lateResult <- context.Cause(ctx)
+		return &worker.Result{Output: "late"}, nil // a success after the loss
+	})
+	w := start(t, pool, &worker.Config{Handler: h, HeartbeatInterval: 100 * time.Millisecond, SafetyNet: time.Hour})
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running'", id)
+
+	// Expire the lease, reap, and let another worker take the row, in one
+	// transaction: the reap's notification arrives when the thief holds it.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE files.files SET lease_expires_at = now() - interval '1 second' WHERE id = $1", id); err != nil {
+		t.Fatal(err)
+	}
+	var reaped int
+	if err := tx.QueryRow(ctx, "SELECT files.reap()").Scan(&reaped); err != nil || reaped != 1 {
+		t.Fatalf("reap: %d, %v", reaped, err)
+	}
+	var claimed int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM files.claim('thief', NULL, 1)").Scan(&claimed); err != nil || claimed != 1 {
+		t.Fatalf("the other worker claimed %d rows (%v)", claimed, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	select {
+	case cause := <-lateResult:
+		if !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Fatalf("cause %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("handler not cancelled after losing its lease")
+	}
+	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running' AND worker_id = 'thief' AND attempt = 2", id); n != 1 {
+		t.Fatal("the late success changed the row")
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE file_id = $1 AND attempt = 1 AND outcome = 'lost'", id); n != 1 {
+		t.Fatal("attempt 1 is not recorded lost")
+	}
+	if s := w.Stats(); s.LeaseLosses != 1 || s.Done != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+func TestStopLetsHandlersFinish(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	w, err := worker.New(pool, &worker.Config{Handler: g, Slots: 3, SafetyNet: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, pool, 5)
+	for range 3 {
+		g.next(t, "three running")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(context.Background()) }()
+	waitCount(t, pool, 3, "SELECT count(*) FROM files.workers WHERE state = 'draining'")
+	close(g.open)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 3 {
+		t.Fatalf("%d rows done, want the 3 that were running", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'pending' AND attempt = 0"); n != 2 {
+		t.Fatalf("%d rows untouched, want 2", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.workers WHERE state = 'stopped'"); n != 3 {
+		t.Fatalf("%d slots stopped, want 3", n)
+	}
+}
+
+func TestStopAndCancelReleases(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	w, err := worker.New(pool, &worker.Config{Handler: g, Slots: 3, SafetyNet: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, pool, 3)
+	for range 3 {
+		g.next(t, "three running")
+	}
+	if err := w.StopAndCancel(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if cause := g.cause(t); !errors.Is(cause, worker.ErrStopping) {
+			t.Fatalf("cause %v, want ErrStopping", cause)
+		}
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'pending' AND attempt = 0"); n != 3 {
+		t.Fatalf("%d rows back to pending with no attempt spent, want 3", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'released'"); n != 3 {
+		t.Fatalf("%d attempts released, want 3", n)
+	}
+	if s := w.Stats(); s.Released != 3 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// Stop whose context ends before the handlers do: they are cancelled and
+// their rows released.
+func TestStopDeadline(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	w, err := worker.New(pool, &worker.Config{Handler: g, Slots: 2, SafetyNet: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, pool, 2)
+	g.next(t, "first")
+	g.next(t, "second")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := w.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want DeadlineExceeded", err)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'pending' AND attempt = 0"); n != 2 {
+		t.Fatalf("%d rows released, want 2", n)
+	}
+}
+
+// One insert with 1,000 idle slots in 10 processes costs at most one claim
+// query per process, counted by the server.
+func TestOneInsertCostsOneClaimPerProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,000 slots")
+	}
+	t.Parallel()
+	url := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx,
+		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''all''', current_database()); END $$"); err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	h := worker.HandlerFunc(func(context.Context, *worker.Job) (*worker.Result, error) {
+		handled.Add(1)
+		return nil, nil
+	})
+	var ws []*worker.Worker
+	for range 10 {
+		ws = append(ws, start(t, pgtest.PoolFor(t, url), &worker.Config{Handler: h, Slots: 100, SafetyNet: time.Hour}))
+	}
+	clientClaims := func() uint64 {
+		var n uint64
+		for _, w := range ws {
+			n += w.Stats().Claims
+		}
+		return n
+	}
+	serverClaims := func() uint64 {
+		var n int64
+		err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions
+			WHERE schemaname = 'files' AND funcname = 'claim_batch'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint64(n)
+	}
+	for _, w := range ws {
+		settled(t, w)
+	}
+	// Statistics reach the view up to a few seconds late: wait until the
+	// server has counted every claim the workers made.
+	before := clientClaims()
+	waitFor(t, "the server's count to catch up", func() bool { return serverClaims() >= before })
+	base := serverClaims()
+
+	insert(t, admin, 1)
+	waitFor(t, "the row to be handled", func() bool { return handled.Load() == 1 })
+	waitCount(t, admin, 1, "SELECT count(*) FROM files.files WHERE state = 'done'")
+	after := clientClaims()
+	waitFor(t, "the server's count to catch up", func() bool { return serverClaims() >= after })
+	got := serverClaims() - base
+	t.Logf("one insert, 1,000 idle slots in 10 processes: %d claim queries (server count), %d (client count)", got, after-before)
+	if got > 10 || got == 0 {
+		t.Fatalf("one insert cost %d claim queries, want 1 to 10", got)
+	}
+}
+
+// files.cancel of a running row reaches its handler through files_control.
+func TestCancelReachesHandler(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	w := start(t, pool, &worker.Config{Handler: g, SafetyNet: time.Hour, HeartbeatInterval: time.Hour, LeaseTimeout: 2 * time.Hour})
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	g.next(t, "the row")
+	if n := count(t, pool, "SELECT files.cancel($1)", id); n != 1 {
+		t.Fatalf("cancelled %d rows", n)
+	}
+	// Heartbeats are an hour apart: only the control message can do it.
+	if cause := g.cause(t); !errors.Is(cause, worker.ErrCancelled) {
+		t.Fatalf("cause %v, want ErrCancelled", cause)
+	}
+	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'cancelled'", id); n != 1 {
+		t.Fatal("row not cancelled")
+	}
+	if s := w.Stats(); s.Cancelled != 1 || s.Failed != 0 || s.Released != 0 || s.Lost != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// A failure records its report, and the retry is picked up when its backoff
+// ends although nothing announces it.
+func TestFailureReportAndRetry(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "INSERT INTO files.queues (queue, backoff_base, backoff_max) VALUES ('default', '300ms', '300ms')"); err != nil {
+		t.Fatal(err)
+	}
+	exit := 3
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		if job.Attempt == 1 {
+			return &worker.Result{ExitCode: &exit, StderrTail: "disk on fire", Output: []string{"partial"}}, errors.New("backend exited with 3")
+		}
+		if job.LastError != "backend exited with 3" {
+			return nil, worker.Permanent(fmt.Errorf("second attempt saw last error %q", job.LastError))
+		}
+		return &worker.Result{Output: map[string]int{"attempt": job.Attempt}}, nil
+	})
+	w := start(t, pool, &worker.Config{Handler: h, SafetyNet: time.Hour})
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'done' AND attempt = 2", id)
+	waitFor(t, "the done counter", func() bool { return w.Stats().Done == 1 })
+	if n := count(t, pool, `SELECT count(*) FROM files.attempts WHERE file_id = $1 AND attempt = 1 AND outcome = 'failed'
+		AND exit_code = 3 AND stderr_tail = 'disk on fire' AND error = 'backend exited with 3' AND output = '["partial"]'`, id); n != 1 {
+		t.Fatal("the failed attempt's report is not recorded")
+	}
+	if s := w.Stats(); s.Failed != 1 || s.Done != 1 || s.SafetyWakes == 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+func TestPermanentReleaseAndTimeout(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO files.files (source) VALUES ('permanent'), ('release'), ('slow')`); err != nil {
+		t.Fatal(err)
+	}
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		switch job.Source {
+		case "permanent":
+			return nil, worker.Permanent(errors.New("malformed input"))
+		case "release":
+			return nil, worker.Release(errors.New("local disk full"))
+		default:
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+	})
+	w := start(t, pool, &worker.Config{Handler: h, Slots: 3, MaxReleases: 2, Timeout: 100 * time.Millisecond})
+	// permanent: failed after one attempt.
+	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE source = 'permanent' AND state = 'failed' AND attempt = 1")
+	// release: handed back twice without spending an attempt, then failed
+	// (retryably) instead of bouncing forever.
+	waitCount(t, pool, 2, "SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id WHERE f.source = 'release' AND a.outcome = 'released'")
+	waitCount(t, pool, 1, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+		WHERE f.source = 'release' AND a.outcome = 'failed' AND a.error LIKE 'released 2 times%'`)
+	// slow: timed out, failed and retried.
+	waitCount(t, pool, 1, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+		WHERE f.source = 'slow' AND a.outcome = 'failed' AND a.error LIKE 'handler timed out after 100ms%'`)
+	waitFor(t, "the counters", func() bool { s := w.Stats(); return s.Released >= 2 && s.Failed >= 3 })
+}
+
+// Through a transaction-pooling PgBouncer, with the pool in a statement mode
+// that suits it and the listener on a direct URL, the runtime works: no
+// session state, no named prepared statements.
+func TestThroughTransactionPooler(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			direct := pgtest.URL(t)
+			u, err := neturl.Parse(direct)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bouncer := pgbouncertest.Start(t, pgtest.ServerURL(t), nil) // transaction pooling
+			cfg, err := pgxpool.ParseConfig(bouncer.URL(strings.TrimPrefix(u.Path, "/")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			fails := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+				if job.Source == "src-1" && job.Attempt == 1 {
+					return &worker.Result{StderrTail: "x"}, errors.New("first attempt fails")
+				}
+				return &worker.Result{Output: map[string]string{"mode": mode.String()}}, nil
+			})
+			if _, err := pool.Exec(context.Background(), "INSERT INTO files.queues (queue, backoff_base, backoff_max) VALUES ('default', '10ms', '10ms')"); err != nil {
+				t.Fatal(err)
+			}
+			w := start(t, pool, &worker.Config{
+				Handler: fails, Slots: 4, ListenURL: direct, SafetyNet: time.Hour,
+				HeartbeatInterval: 50 * time.Millisecond, LeaseTimeout: time.Second,
+			})
+			settled(t, w)
+			insert(t, pool, 10)
+			waitCount(t, pool, 10, "SELECT count(*) FROM files.files WHERE state = 'done' AND result ->> 'mode' IS NOT NULL")
+			waitFor(t, "the done counter", func() bool { return w.Stats().Done == 10 })
+			if s := w.Stats(); s.Failed != 1 || s.Done != 10 || s.HeartbeatErrors != 0 {
+				t.Fatalf("stats: %+v", s)
+			}
+		})
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	pool := &pgxpool.Pool{}
+	for _, tc := range []struct {
+		cfg  *worker.Config
+		want string
+	}{
+		{nil, "missing handler"},
+		{&worker.Config{Handler: noop, HeartbeatInterval: time.Minute}, "shorter than the lease timeout"},
+	} {
+		if _, err := worker.New(pool, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := worker.New(nil, &worker.Config{Handler: noop}); err == nil {
+		t.Error("New(nil pool) succeeded")
+	}
+}
+
+// With Slots 1-4, a backlog makes the worker grow to 4 slots; once the queue
+// is empty and the worker idle, it shrinks back to 1.
+func TestSlotsScaleWithBacklog(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	w := start(t, pool, &worker.Config{
+		Handler: g, Slots: 1, MaxSlots: 4, SafetyNet: time.Hour,
+		HeartbeatInterval: 50 * time.Millisecond, LeaseTimeout: 5 * time.Second,
+	})
+	settled(t, w)
+	insert(t, pool, 20)
+	for range 4 {
+		g.next(t, "a handler on each of 4 slots")
+	}
+	if s := w.Stats(); s.Slots != 4 || s.BusySlots != 4 {
+		t.Fatalf("stats: %+v", s)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.workers WHERE state = 'active'"); n != 4 {
+		t.Fatalf("%d active slots registered, want 4", n)
+	}
+	close(g.open)
+	waitCount(t, pool, 20, "SELECT count(*) FROM files.files WHERE state = 'done'")
+	waitFor(t, "the slots to shrink back to 1", func() bool { return w.Stats().Slots == 1 })
+	if n := count(t, pool, "SELECT count(*) FROM files.workers WHERE state = 'stopped'"); n != 3 {
+		t.Fatalf("%d slots deregistered, want 3", n)
+	}
+	if got := w.WorkerIDs(); len(got) != 1 || !strings.HasSuffix(got[0], ":0") {
+		t.Fatalf("slots left: %v", got)
+	}
+}
+
+// Text PostgreSQL cannot store (NUL characters, invalid UTF-8) costs neither
+// the row that produced it nor its neighbours in the same batch their outcome.
+func TestUnstorableOutcomes(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		switch job.Source {
+		case "src-1":
+			return &worker.Result{Output: map[string]string{"text": "nul\x00inside"}}, nil
+		case "src-2":
+			return &worker.Result{StderrTail: "bad\x00bytes\xff"}, errors.New("exit\x00 1")
+		default:
+			return &worker.Result{Output: "fine"}, nil
+		}
+	})
+	var logs logCapture
+	w := start(t, pool, &worker.Config{Handler: h, Slots: 8, Logger: logs.logger()})
+	insert(t, pool, 8)
+	waitCount(t, pool, 6, "SELECT count(*) FROM files.files WHERE state = 'done' AND result = '\"fine\"'")
+	waitCount(t, pool, 1, `SELECT count(*) FROM files.files WHERE source = 'src-1' AND state = 'failed'
+		AND last_error LIKE 'the result could not be recorded:%'`)
+	waitCount(t, pool, 1, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+		WHERE f.source = 'src-2' AND a.outcome = 'failed' AND a.error = 'exit 1' AND a.stderr_tail = 'badbytes' || U&'\FFFD'`)
+	waitFor(t, "the counters", func() bool { s := w.Stats(); return s.Done == 6 && s.Failed == 2 && s.Lost == 0 })
+}
