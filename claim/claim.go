@@ -126,6 +126,7 @@ type Claimer struct {
 	rescheduled chan struct{} // wakes changed
 
 	claims      atomic.Uint64
+	inFlight    atomic.Int64 // claims sent whose rows are not all delivered
 	rows        atomic.Uint64
 	races       atomic.Uint64
 	serial      atomic.Uint64
@@ -159,6 +160,10 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 	c.backoffMax = max(c.backoffMax, c.backoffMin)
 	return c
 }
+
+// InFlight reports whether Run has a claim whose rows are not all delivered
+// yet: rows the database shows as held by an idle slot may be on their way.
+func (c *Claimer) InFlight() bool { return c.inFlight.Load() > 0 }
 
 // Claim sends one claim query: at most one row for each of workerIDs. A lost
 // race returns no rows and a nil error.
@@ -304,6 +309,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 
 		ids := c.takeIdle()
 		started := time.Now()
+		c.inFlight.Add(1)
 		// Not cancelled with ctx: a claim committed on the server must reach its slots.
 		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		rows, err := c.claim(qctx, ids)
@@ -312,6 +318,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		for _, r := range rows {
 			deliver(r)
 		}
+		c.inFlight.Add(-1)
 		c.dropWakes(started)
 		timer.Reset(c.untilSafety())
 

@@ -102,8 +102,13 @@ func (w *Worker) beat(ctx context.Context) error {
 			"file_id", id, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 	}
 	// Held there, unknown here: suspect once, release the second time in a
-	// row (the first time may be a claim whose answer is on its way).
+	// row. While a claim is in flight its rows may be held there and not yet
+	// delivered here, however slow its answer: suspect nothing then.
 	suspects := make(map[heldRow]int, len(held))
+	if w.claimer.InFlight() {
+		held = nil
+		suspects = w.suspects
+	}
 	for _, h := range held {
 		if t := w.running[h.fileID]; t != nil {
 			continue // the same row in another attempt: settled by fencing
