@@ -475,12 +475,23 @@ func TestPermanentReleaseAndTimeout(t *testing.T) {
 	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE source = 'permanent' AND state = 'failed' AND attempt = 1")
 	// release: handed back twice without spending an attempt, then failed
 	// (retryably) instead of bouncing forever.
-	waitCount(t, pool, 2, "SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id WHERE f.source = 'release' AND a.outcome = 'released'")
-	waitCount(t, pool, 1, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
-		WHERE f.source = 'release' AND a.outcome = 'failed' AND a.error LIKE 'released 2 times%'`)
-	// slow: timed out, failed and retried.
-	waitCount(t, pool, 1, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
-		WHERE f.source = 'slow' AND a.outcome = 'failed' AND a.error LIKE 'handler timed out after 100ms%'`)
+	// (The row comes back after its backoff and bounces again, so count only
+	// what happened before its first failure.)
+	waitFor(t, "the released row to fail", func() bool {
+		return count(t, pool, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+			WHERE f.source = 'release' AND a.outcome = 'failed' AND a.error LIKE 'released 2 times%'`) >= 1
+	})
+	if n := count(t, pool, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+		WHERE f.source = 'release' AND a.outcome = 'released' AND a.id < (
+			SELECT min(b.id) FROM files.attempts b WHERE b.file_id = a.file_id AND b.outcome = 'failed')`); n != 2 {
+		t.Fatalf("%d releases before the first failure, want 2", n)
+	}
+	// slow: timed out, failed and retried (it times out at every attempt, so
+	// by now there may be more than one).
+	waitFor(t, "the slow row's timed-out attempt", func() bool {
+		return count(t, pool, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+			WHERE f.source = 'slow' AND a.outcome = 'failed' AND a.error LIKE 'handler timed out after 100ms%'`) >= 1
+	})
 	waitFor(t, "the counters", func() bool { s := w.Stats(); return s.Released >= 2 && s.Failed >= 3 })
 }
 
