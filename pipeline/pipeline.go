@@ -50,7 +50,9 @@ type Config struct {
 	// KeepWorkDirs leaves the attempts' directories in place, for
 	// debugging a backend. Defaults to false.
 	KeepWorkDirs bool
-	// Logger receives one line per row start and end. Defaults to discarding.
+	// Logger receives the handler's warnings and debug lines (the lines of
+	// each row's start and end come from the runtime's observer, see
+	// worker.Observer). Defaults to discarding.
 	Logger *slog.Logger
 }
 
@@ -157,7 +159,14 @@ func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, 
 		result.StderrTail = run.StderrTail
 	}
 	if err != nil {
-		if backend.Permanent(err) {
+		switch {
+		case backend.Permanent(err) && h.cfg.Runner.Program() != "":
+			// The program was found at startup and is gone now (an NFS
+			// mount dropped, a deploy in progress): the node's trouble, not
+			// the row's. Hand the row to another node.
+			return result, localTrouble(err)
+		case backend.Permanent(err):
+			// The program word comes from the row ({source}...).
 			return result, worker.Permanent(err)
 		}
 		return result, err
