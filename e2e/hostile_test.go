@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -195,5 +197,45 @@ func TestEnqueueBadPayload(t *testing.T) {
 	}
 	if n := s.count(`SELECT count(*) FROM files.files WHERE payload = '{"size": 200}'`); n != 4 {
 		t.Errorf("%d rows with the good payload, want 4", n)
+	}
+}
+
+// A program that was there at startup and has gone since (an NFS mount that
+// dropped, a deploy half done) is the node's trouble, not the rows': they are
+// handed back without spending attempts instead of failing one after another.
+func TestProgramGoneAfterStart(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	in, out := s.fileStore("in"), s.fileStore("out")
+	for i := range 3 {
+		s.put(in, fmt.Sprintf("in-%d.txt", i), []byte("x"))
+	}
+	prog := s.script("copy", `cp "$1" "$2/"`+"\n")
+	p := s.start("--exec", prog+" {input} {output_dir}", "--input-store", in, "--output-store", out,
+		"--heartbeat", "200ms", "--lease-timeout", "2s")
+	s.waitFor(30*time.Second, "the slot to register", func() bool {
+		return s.count(`SELECT count(*) FROM files.workers WHERE state = 'active'`) == 1
+	})
+	if err := os.Chmod(prog, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.enqueue([]string{"--max-attempts", "5"}, "in-0.txt", "in-1.txt", "in-2.txt")
+	s.waitFor(30*time.Second, "releases", func() bool {
+		return s.count(`SELECT count(*) FROM files.attempts WHERE outcome = 'released' AND error LIKE '%not executable%'`) >= 3
+	})
+	if n := s.count(`SELECT count(*) FROM files.files WHERE state = 'failed'`); n != 0 {
+		t.Fatalf("%d rows failed because the node lost its program", n)
+	}
+
+	// The program is back: the rows finish.
+	if err := os.Chmod(prog, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor(time.Minute, "the rows to finish", func() bool {
+		return s.count(`SELECT count(*) FROM files.files WHERE state = 'done'`) == 3
+	})
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.logTail(20))
 	}
 }
