@@ -20,6 +20,10 @@ help: ## Show this help
 build: ## Build bin/pgworker
 	$(GO) build -o $(BIN)/pgworker ./cmd/pgworker
 
+.PHONY: demo
+demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exists), 3 workers, the sample data set
+	$(GO) run ./internal/cmd/demo --pgworker $(BIN)/pgworker
+
 .PHONY: test
 test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO servers
 	$(TESTENV) $(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./...
@@ -28,9 +32,21 @@ test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO s
 test-short: ## Run the tests without the slow ones (-short)
 	$(TESTENV) $(GO) test -race -count=1 -short $(TEST_FLAGS) ./...
 
+.PHONY: test-faults
+test-faults: tools ## Run the fault suite in full (kill -9, restarts, partition, PgBouncer, failover, MinIO, disk) and write FAULTS.md
+	$(TESTENV) $(GO) test -race -count=1 -timeout 60m -v $(TEST_FLAGS) ./faults -args -faults.full -faults.report=$(CURDIR)/FAULTS.md
+
 .PHONY: bench
-bench: ## Run the Go benchmarks
+bench: tools ## Run every pgworker bench mode and the River peer benchmark on throwaway PostgreSQL and MinIO; write BENCHMARKS.md
+	$(GO) run ./internal/cmd/testenv --minio --bucket pgworker-bench -- ./scripts/bench.sh
+
+.PHONY: bench-go
+bench-go: ## Run the Go benchmarks (go test -bench)
 	$(TESTENV) $(GO) test -run '^$$' -bench . -benchmem ./...
+
+.PHONY: bench-peers
+bench-peers: ## Run the River peer benchmark (bench/peers) alone on a throwaway PostgreSQL
+	$(TESTENV) sh -c 'cd bench/peers && ./run.sh --database-url "$$TEST_DATABASE_URL"'
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck

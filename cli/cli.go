@@ -78,11 +78,13 @@ func New(cfg *Config) *CLI {
 		{enqueueCommand, c.enqueue},
 		{runCommand, c.run},
 		{statusCommand, c.status},
+		{scaleHintCommand, c.scaleHint},
 		{retryCommand, c.retry},
 		{cancelCommand, c.cancel},
 		{pauseCommand, c.pause},
 		{resumeCommand, c.resume},
 		{versionCommand, c.version},
+		{benchCommand, c.bench},
 	} {
 		c.commands[e.name] = e
 	}
@@ -183,7 +185,7 @@ Commands:
 	for n := range c.commands {
 		names = append(names, n)
 	}
-	order := map[string]int{"migrate": 0, "enqueue": 1, "run": 2, "status": 3, "retry": 4, "cancel": 5, "pause": 6, "resume": 7, "version": 8}
+	order := map[string]int{"migrate": 0, "enqueue": 1, "run": 2, "status": 3, "scale-hint": 4, "retry": 5, "cancel": 6, "pause": 7, "resume": 8, "version": 9, "bench": 10}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	for _, n := range names {

@@ -14,9 +14,9 @@
 //	})
 //	os.Exit(c.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 //
-// Commands: migrate up|down|status, enqueue, run, status, retry, cancel,
-// pause, resume, version; each has --help with examples. Every flag has an
-// environment twin (--database-url: PGWORKER_DATABASE_URL, then
+// Commands: migrate up|down|status, enqueue, run, status, scale-hint, retry,
+// cancel, pause, resume, version; each has --help with examples. Every flag
+// has an environment twin (--database-url: PGWORKER_DATABASE_URL, then
 // DATABASE_URL); the command line wins. Errors are one line on stderr; the
 // exit status is 0 on success, 1 for runtime errors and 2 for usage errors.
 // Passwords in database URLs are never printed (see RedactURL).

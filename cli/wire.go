@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/pgworker/pgworker/blob"
+	"github.com/pgworker/pgworker/metrics"
 	"github.com/pgworker/pgworker/pipeline"
 	"github.com/pgworker/pgworker/worker"
 )
@@ -22,6 +25,11 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		return usagef("run: %v", err)
 	}
 	opts.Logger = cfg.Logger
+	// A worker rides out an object store's restart or failover in place: the
+	// slot keeps its row (heartbeats go on) while each request retries for
+	// 40 to 75 seconds, rather than the few seconds a one-off command wants.
+	// Past that, the row goes back to the queue without spending an attempt.
+	opts.Retry = workerRetry
 	var input blob.Store
 	if cfg.InputStore != "" {
 		if input, err = blob.Open(ctx, cfg.InputStore, &opts); err != nil {
@@ -45,6 +53,12 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
+	var m *metrics.Metrics
+	observer := rowLogger(cfg.Logger)
+	if cfg.MetricsAddr != "" {
+		m = metrics.New(cfg.Pool, &metrics.Config{Logger: cfg.Logger})
+		observer = worker.Observers(m, observer)
+	}
 	w, err := worker.New(cfg.Pool, &worker.Config{
 		Handler:           handler,
 		Queues:            cfg.Queues,
@@ -54,10 +68,27 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		LeaseTimeout:      cfg.LeaseTimeout,
 		ListenURL:         cfg.ListenURL,
 		Version:           cfg.Version,
+		Observer:          observer,
 		Logger:            cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
+	}
+	if m != nil {
+		m.Watch(w)
+		srv := metrics.NewServer(m.Handler(), &metrics.ServerConfig{Addr: cfg.MetricsAddr, Logger: cfg.Logger})
+		if err := srv.Start(ctx); err != nil {
+			return fmt.Errorf("run: --metrics-addr: %w", err)
+		}
+		cfg.Logger.Info("serving metrics", "addr", srv.Addr(), "paths", []string{"/metrics", "/healthz", "/readyz"})
+		defer func() {
+			// Last, so that the drain can be watched to its end.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := srv.Stop(sctx); err != nil {
+				cfg.Logger.Debug("metrics server stop", "error", err)
+			}
+		}()
 	}
 	if err := w.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("run: %w", err)
@@ -88,6 +119,10 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	return nil
 }
 
+// workerRetry bounds the retries of one object store request of pgworker
+// run: waits from 200ms doubling to 5s, 19 of them.
+var workerRetry = blob.Retry{Attempts: 20, Backoff: 200 * time.Millisecond, MaxBackoff: 5 * time.Second}
+
 // openStoreLister lists a blob store for `pgworker enqueue --from`. Each
 // object is enqueued by its full URL, so that any worker resolves it the
 // same way whatever its --input-store.
@@ -113,4 +148,30 @@ func openStoreLister(ctx context.Context, uri string) (Lister, error) {
 		}
 		return nil
 	}), nil
+}
+
+// rowLogger logs one line when a row starts and one when it ends, with its
+// id, queue, attempt, slot, outcome and duration, at Info level.
+func rowLogger(logger *slog.Logger) worker.Observer {
+	return worker.ObserverFunc(func(e worker.Event) {
+		j := e.Job
+		if e.Kind == worker.RowStarted {
+			logger.Info("row started", "id", j.ID, "queue", j.Queue, "attempt", j.Attempt, "worker_id", j.WorkerID,
+				"source", j.Source)
+			return
+		}
+		args := []any{"id", j.ID, "queue", j.Queue, "attempt", j.Attempt, "worker_id", j.WorkerID,
+			"outcome", e.Kind.String(), "duration", e.Elapsed.Round(time.Millisecond)}
+		if e.Err != nil {
+			args = append(args, "error", e.Err.Error())
+		}
+		if e.Kind == worker.RowFailed {
+			if e.RetryAt.IsZero() {
+				args = append(args, "final", true)
+			} else {
+				args = append(args, "final", false, "retry_in", time.Until(e.RetryAt).Round(time.Millisecond))
+			}
+		}
+		logger.Info("row finished", args...)
+	})
 }

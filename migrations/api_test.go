@@ -212,6 +212,9 @@ func TestFencing(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	mustExec(t, pool, "SELECT files.register_worker('w1', lease_timeout => '1 second')")
+	// w2, the reaper, is alive: when the whole fleet is silent, reap blames
+	// the database (00007_outage_grace).
+	mustExec(t, pool, "SELECT files.register_worker('w2')")
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b'), ('c')")
 	rows := claim(t, pool, "w1", 3)
 	if len(rows) != 3 {
@@ -277,6 +280,9 @@ func TestHeartbeatExtendsLeases(t *testing.T) {
 	pool := pgtest.Pool(t)
 	mustExec(t, pool, "SELECT files.register_worker('hb1', lease_timeout => '1 second')")
 	mustExec(t, pool, "SELECT files.register_worker('hb2', lease_timeout => '1 second')")
+	// The reaper is alive: when the whole fleet is silent, reap blames the
+	// database (00007_outage_grace).
+	mustExec(t, pool, "SELECT files.register_worker('hb-reaper')")
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b')")
 	claim(t, pool, "hb1", 1)
 	claim(t, pool, "hb2", 1)

@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/pgworker/pgworker/backend"
 	"github.com/pgworker/pgworker/blob"
@@ -50,6 +51,12 @@ type Config struct {
 	// KeepWorkDirs leaves the attempts' directories in place, for
 	// debugging a backend. Defaults to false.
 	KeepWorkDirs bool
+	// WorkDirWait is how long an attempt waits for the work directory to
+	// become usable (a full or read-only disk, a directory moved away)
+	// before it hands its row back. Waiting in place keeps a node whose disk
+	// is broken from taking row after row only to hand each back at once,
+	// spending their attempts. Defaults to 30s.
+	WorkDirWait time.Duration
 	// Logger receives the handler's warnings and debug lines (the lines of
 	// each row's start and end come from the runtime's observer, see
 	// worker.Observer). Defaults to discarding.
@@ -93,6 +100,9 @@ func New(cfg *Config) (*Handler, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.WorkDirWait <= 0 {
+		c.WorkDirWait = 30 * time.Second
+	}
 	if err := os.MkdirAll(c.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("work directory: %w", err)
 	}
@@ -101,22 +111,24 @@ func New(cfg *Config) (*Handler, error) {
 
 // Handle processes one row. Errors are classified for the runtime: bad input
 // (an unsafe or missing object, a refused credential, a program that cannot
-// run) is permanent; trouble of this node's own (its work directory cannot
-// be written) releases the row for another node; the rest is retried.
+// run) is permanent; trouble that is not the row's (the work directory stays
+// unusable through WorkDirWait, the object store does not answer through
+// the store's retries) releases the row without spending an attempt; the
+// rest is retried.
 func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, error) {
 	log := h.cfg.Logger.With("id", job.ID, "queue", job.Queue, "attempt", job.Attempt)
 	token := randomToken()
 	dir := filepath.Join(h.cfg.WorkDir, fmt.Sprintf("%d-%d-%s", job.ID, job.Attempt, token))
 	inDir, outDir := filepath.Join(dir, "in"), filepath.Join(dir, "out")
-	if err := mkdirs(inDir, outDir); err != nil {
-		return nil, localTrouble(fmt.Errorf("create work directory: %w", err))
-	}
 	if !h.cfg.KeepWorkDirs {
 		defer func() {
 			if err := os.RemoveAll(dir); err != nil {
 				log.Warn("remove work directory", "dir", dir, "err", err)
 			}
 		}()
+	}
+	if err := h.mkdirs(ctx, log, inDir, outDir); err != nil {
+		return nil, localTrouble(fmt.Errorf("create work directory: %w", err))
 	}
 
 	// 1. Download the input.
@@ -136,7 +148,7 @@ func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, 
 		case blob.IsPermanent(err):
 			return nil, worker.Permanent(fmt.Errorf("download: %w", err))
 		}
-		return nil, fmt.Errorf("download: %w", err)
+		return nil, storeTrouble(ctx, fmt.Errorf("download: %w", err))
 	}
 
 	// 2. Run the backend.
@@ -168,6 +180,10 @@ func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, 
 		case backend.Permanent(err):
 			// The program word comes from the row ({source}...).
 			return result, worker.Permanent(err)
+		case ctx.Err() == nil && !exists(outDir):
+			// The directory went away under the program (moved, deleted by
+			// a cleaner): the node's trouble, not the row's.
+			return result, localTrouble(fmt.Errorf("work directory lost while the program ran: %s is gone (program: %w)", outDir, err))
 		}
 		return result, err
 	}
@@ -199,7 +215,10 @@ func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, 
 		}
 		info, err := h.cfg.Output.PutFile(ctx, prefix+"/"+rel, p)
 		if err != nil {
-			return fmt.Errorf("upload %s: %w", rel, err)
+			if blob.IsPermanent(err) {
+				return fmt.Errorf("upload %s: %w", rel, err)
+			}
+			return storeTrouble(ctx, fmt.Errorf("upload %s: %w", rel, err))
 		}
 		manifest.Outputs = append(manifest.Outputs, object(h.cfg.Output, info.Key, info))
 		return nil
@@ -220,6 +239,37 @@ func joinURL(base, key string) string {
 	return strings.TrimSuffix(base, "/") + "/" + key
 }
 
+// mkdirs creates the attempt's directories, waiting up to WorkDirWait for
+// the work directory to become usable.
+func (h *Handler) mkdirs(ctx context.Context, log *slog.Logger, dirs ...string) error {
+	err := mkdirs(dirs...)
+	if err == nil {
+		return nil
+	}
+	log.Warn("work directory unusable; waiting for it before handing the row back",
+		"work_dir", h.cfg.WorkDir, "wait", h.cfg.WorkDirWait, "err", err)
+	deadline := time.Now().Add(h.cfg.WorkDirWait)
+	for wait := 100 * time.Millisecond; time.Now().Add(wait).Before(deadline); wait = min(2*wait, 2*time.Second) {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		if err = mkdirs(dirs...); err == nil {
+			log.Info("work directory usable again", "work_dir", h.cfg.WorkDir)
+			return nil
+		}
+	}
+	return err
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 func mkdirs(dirs ...string) error {
 	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -232,6 +282,18 @@ func mkdirs(dirs ...string) error {
 // localTrouble hands the row back without spending an attempt: the fault is
 // this node's (its disk is full or read-only), and another node may succeed.
 func localTrouble(err error) error {
+	return worker.Release(err)
+}
+
+// storeTrouble hands the row back without spending an attempt when the
+// object store did not answer through all of the store's retries (it is
+// restarting, failing over, or out of this node's reach): the row is not at
+// fault. An error of a cancelled attempt (timeout, lost lease, stop) is
+// left as it is, for the runtime to judge by the cause.
+func storeTrouble(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
 	return worker.Release(err)
 }
 

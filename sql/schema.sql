@@ -1025,3 +1025,398 @@ GRANT EXECUTE ON FUNCTION
     files.drain_worker(text[])
 TO pgworker_worker;
 
+
+-- ============================================================================
+-- 00006_scaling_hint.sql
+-- ============================================================================
+CREATE TABLE files.scaling_settings (
+    singleton       boolean  PRIMARY KEY DEFAULT true,
+    target_drain    interval NOT NULL DEFAULT '15 minutes',
+    min_nodes       integer  NOT NULL DEFAULT 0,
+    max_nodes       integer  NOT NULL DEFAULT 20,
+    slots_per_node  integer,
+    sample_window   interval NOT NULL DEFAULT '15 minutes',
+    CONSTRAINT scaling_settings_one_row CHECK (singleton),
+    CONSTRAINT scaling_settings_target_drain_positive CHECK (target_drain > '0'),
+    CONSTRAINT scaling_settings_nodes_valid CHECK (min_nodes >= 0 AND max_nodes >= min_nodes),
+    CONSTRAINT scaling_settings_slots_positive CHECK (slots_per_node >= 1),
+    CONSTRAINT scaling_settings_sample_window_positive CHECK (sample_window > '0')
+);
+INSERT INTO files.scaling_settings DEFAULT VALUES;
+COMMENT ON TABLE files.scaling_settings IS
+    'The settings of files.scaling_hint: one row, to UPDATE (pgworker_admin may). '
+    'Example: UPDATE files.scaling_settings SET target_drain = ''30 minutes'', min_nodes = 1, max_nodes = 50;';
+COMMENT ON COLUMN files.scaling_settings.singleton IS 'Always true: keeps the table at one row.';
+COMMENT ON COLUMN files.scaling_settings.target_drain IS
+    'How long the outstanding rows (pending and running) may take to finish: the hint asks for the nodes that finish them within this time.';
+COMMENT ON COLUMN files.scaling_settings.min_nodes IS 'The hint never asks for fewer nodes (0 lets an idle fleet scale to zero).';
+COMMENT ON COLUMN files.scaling_settings.max_nodes IS 'The hint never asks for more nodes: keep it at the autoscaling group''s maximum.';
+COMMENT ON COLUMN files.scaling_settings.slots_per_node IS
+    'Slots of one node. NULL: measured from the live workers (active slots per process), else taken from the most recently started process, else 1.';
+COMMENT ON COLUMN files.scaling_settings.sample_window IS
+    'Attempts that ended (done or failed) within this window, at most the last 50 of each slot, give the mean attempt time.';
+
+CREATE FUNCTION files.scaling_hint(target_drain interval DEFAULT NULL, min_nodes integer DEFAULT NULL, max_nodes integer DEFAULT NULL)
+RETURNS TABLE (
+    queue                       text,
+    paused                      boolean,
+    pending                     bigint,
+    scheduled                   bigint,
+    running                     bigint,
+    oldest_pending_age          interval,
+    recent_attempts             bigint,
+    mean_attempt_time           interval,
+    nodes                       integer,
+    slots                       integer,
+    slots_per_node              numeric,
+    needed_nodes                integer,
+    desired_nodes               integer,
+    backlog_per_instance        numeric,
+    target_backlog_per_instance numeric
+)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH settings AS (
+    SELECT extract(epoch FROM coalesce(scaling_hint.target_drain, c.target_drain)) AS drain_s,
+           coalesce(scaling_hint.min_nodes, c.min_nodes) AS min_nodes,
+           greatest(coalesce(scaling_hint.max_nodes, c.max_nodes), coalesce(scaling_hint.min_nodes, c.min_nodes)) AS max_nodes,
+           c.slots_per_node,
+           c.sample_window
+    FROM files.scaling_settings c
+    LIMIT 1
+),
+-- Active slots (draining ones are leaving), each with the process it runs in.
+live AS (
+    SELECT w.worker_id, w.queues, coalesce(w.node, '') || ':' || coalesce(w.pid::text, w.worker_id) AS process
+    FROM files.workers w
+    WHERE w.state = 'active'
+),
+-- With no live slot: the slots of the most recently started process.
+last_process AS (
+    SELECT count(*) AS slots
+    FROM files.workers w
+    JOIN (SELECT x.node, x.pid FROM files.workers x ORDER BY x.started_at DESC LIMIT 1) p
+      ON w.node = p.node AND w.pid = p.pid
+),
+-- Pending rows, through the partial index files_claim_idx: the cost follows the
+-- backlog, not the table's history.
+backlog AS (
+    SELECT f.queue,
+           count(*) AS pending,
+           count(*) FILTER (WHERE f.run_after > now()) AS scheduled,
+           min(f.created_at) AS oldest
+    FROM files.files f
+    WHERE f.state = 'pending'
+    GROUP BY f.queue
+),
+busy AS (
+    SELECT f.queue, count(*) AS running
+    FROM files.files f
+    WHERE f.state = 'running'
+    GROUP BY f.queue
+),
+-- Attempts carried to an outcome within the window, at most the last 50 of
+-- each slot, found through the slots that can have recorded them (index
+-- attempts_worker_idx): the cost is bounded by the number of slots, however
+-- busy the fleet and however long its history. Time per attempt is claim to
+-- outcome: what a slot is busy with, transfers included.
+recent AS (
+    SELECT a.queue, count(*) AS attempts, sum(a.busy_s) AS busy_s
+    FROM settings s
+    CROSS JOIN LATERAL (
+        SELECT w.worker_id FROM files.workers w
+        WHERE w.state IN ('active', 'draining')
+           OR greatest(w.last_heartbeat_at, w.stopped_at) > now() - s.sample_window - 2 * w.lease_timeout
+    ) w
+    CROSS JOIN LATERAL (
+        SELECT (SELECT f.queue FROM files.files f WHERE f.id = x.file_id) AS queue,
+               extract(epoch FROM x.finished_at - x.started_at) AS busy_s
+        FROM files.attempts x
+        WHERE x.worker_id = w.worker_id AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
+        ORDER BY x.finished_at DESC
+        LIMIT 50
+    ) a
+    GROUP BY a.queue
+),
+fleet AS (
+    SELECT (SELECT count(*) FROM live) AS slots,
+           (SELECT count(DISTINCT l.process) FROM live l) AS nodes,
+           (SELECT sum(r.busy_s) / nullif(sum(r.attempts), 0) FROM recent r) AS mean_s,
+           (SELECT sum(r.attempts) FROM recent r) AS attempts
+),
+per_queue AS (
+    SELECT q.queue,
+           q.paused,
+           coalesce(b.pending, 0) AS pending,
+           coalesce(b.scheduled, 0) AS scheduled,
+           coalesce(r.running, 0) AS running,
+           now() - b.oldest AS oldest_pending_age,
+           coalesce(a.attempts, 0) AS recent_attempts,
+           a.busy_s / nullif(a.attempts, 0) AS own_mean_s,
+           sl.slots,
+           sl.nodes,
+           -- What still needs a slot: pending rows (none of a paused queue) and running ones.
+           CASE WHEN q.paused THEN 0 ELSE coalesce(b.pending, 0) END + coalesce(r.running, 0) AS outstanding
+    FROM files.queues q
+    LEFT JOIN backlog b ON b.queue = q.queue
+    LEFT JOIN busy r ON r.queue = q.queue
+    LEFT JOIN recent a ON a.queue = q.queue
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS slots, count(DISTINCT l.process) AS nodes
+        FROM live l
+        WHERE l.queues IS NULL OR q.queue = ANY (l.queues)
+    ) sl
+),
+-- One line per queue, and one for the whole fleet (queue NULL), with the
+-- mean attempt time of the queue (else of the fleet) and the slots per node.
+lines AS (
+    SELECT p.queue, p.paused, p.pending, p.scheduled, p.running, p.oldest_pending_age, p.recent_attempts,
+           coalesce(p.own_mean_s, f.mean_s) AS mean_s,
+           p.nodes, p.slots, p.outstanding,
+           p.outstanding * coalesce(p.own_mean_s, f.mean_s) AS work_s,
+           p.outstanding > 0 AND coalesce(p.own_mean_s, f.mean_s) IS NULL AS unmeasured,
+           coalesce(s.slots_per_node, p.slots::numeric / nullif(p.nodes, 0), f.slots::numeric / nullif(f.nodes, 0),
+                    nullif(lp.slots, 0), 1) AS spn
+    FROM per_queue p, fleet f, settings s, last_process lp
+    UNION ALL
+    SELECT NULL, NULL,
+           sum(p.pending) FILTER (WHERE NOT p.paused), sum(p.scheduled) FILTER (WHERE NOT p.paused), sum(p.running),
+           max(p.oldest_pending_age) FILTER (WHERE NOT p.paused), f.attempts, f.mean_s,
+           f.nodes, f.slots, sum(p.outstanding),
+           sum(p.outstanding * coalesce(p.own_mean_s, f.mean_s)),
+           bool_or(p.outstanding > 0 AND coalesce(p.own_mean_s, f.mean_s) IS NULL),
+           coalesce(s.slots_per_node, f.slots::numeric / nullif(f.nodes, 0), nullif(lp.slots, 0), 1)
+    FROM fleet f CROSS JOIN settings s CROSS JOIN last_process lp
+    LEFT JOIN per_queue p ON true
+    GROUP BY f.attempts, f.mean_s, f.nodes, f.slots, s.slots_per_node, lp.slots
+),
+hint AS (
+    SELECT l.*,
+           -- Without a measured attempt time, keep the nodes there are (at least one)
+           -- until attempts end and tell how long they take.
+           CASE WHEN l.unmeasured THEN greatest(l.nodes, 1, ceil(coalesce(l.work_s, 0) / s.drain_s / l.spn))
+                ELSE ceil(coalesce(l.work_s, 0) / s.drain_s / l.spn) END::integer AS needed
+    FROM lines l, settings s
+)
+SELECT h.queue,
+       h.paused,
+       coalesce(h.pending, 0)::bigint,
+       coalesce(h.scheduled, 0)::bigint,
+       coalesce(h.running, 0)::bigint,
+       h.oldest_pending_age,
+       coalesce(h.recent_attempts, 0)::bigint,
+       make_interval(secs => h.mean_s),
+       h.nodes::integer,
+       h.slots::integer,
+       round(h.spn, 2),
+       h.needed,
+       least(greatest(h.needed, s.min_nodes), s.max_nodes),
+       round(coalesce(h.outstanding, 0) / greatest(h.nodes, 1), 2),
+       round(s.drain_s / nullif(h.mean_s, 0) * h.spn, 2)
+FROM hint h, settings s
+ORDER BY h.queue IS NULL, h.queue;
+$$;
+COMMENT ON FUNCTION files.scaling_hint(interval, integer, integer) IS
+    'How many worker nodes the outstanding work needs: one line per queue and one for the whole fleet (queue NULL). '
+    'Arguments left NULL come from files.scaling_settings. '
+    'needed_nodes = ceil((pending + running) x mean_attempt_time / target_drain / slots_per_node); desired_nodes clamps it to [min_nodes, max_nodes]. '
+    'Example: SELECT * FROM files.scaling_hint(target_drain => ''5 minutes'', max_nodes => 40);';
+
+CREATE VIEW files.scaling_hint AS
+SELECT * FROM files.scaling_hint();
+COMMENT ON VIEW files.scaling_hint IS
+    'files.scaling_hint() with the settings of files.scaling_settings: one line per queue, the last (queue NULL) for the whole fleet. '
+    'Cheap enough to poll: it reads the pending and running rows, the live slots and the attempts of the sample window, not the whole history.';
+COMMENT ON COLUMN files.scaling_hint.queue IS 'Queue name; NULL on the line for the whole fleet (paused queues'' pending rows left out).';
+COMMENT ON COLUMN files.scaling_hint.paused IS 'Whether the queue is paused (its pending rows then need no node).';
+COMMENT ON COLUMN files.scaling_hint.pending IS 'Pending rows, those waiting for a retry included.';
+COMMENT ON COLUMN files.scaling_hint.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff).';
+COMMENT ON COLUMN files.scaling_hint.running IS 'Rows being worked on.';
+COMMENT ON COLUMN files.scaling_hint.oldest_pending_age IS 'Age of the oldest pending row.';
+COMMENT ON COLUMN files.scaling_hint.recent_attempts IS 'Attempts that ended done or failed within the sample window (at most the last 50 of each slot).';
+COMMENT ON COLUMN files.scaling_hint.mean_attempt_time IS
+    'Mean time from claim to outcome of those attempts (the fleet''s when the queue has none); NULL when nothing ended within the window.';
+COMMENT ON COLUMN files.scaling_hint.nodes IS 'Worker processes (one per node) with an active slot serving the queue.';
+COMMENT ON COLUMN files.scaling_hint.slots IS 'Active slots serving the queue.';
+COMMENT ON COLUMN files.scaling_hint.slots_per_node IS 'Slots of one node: files.scaling_settings.slots_per_node, else measured.';
+COMMENT ON COLUMN files.scaling_hint.needed_nodes IS
+    'ceil((pending + running) x mean_attempt_time / target_drain / slots_per_node); without a mean attempt time, the nodes there are (at least 1) while rows are outstanding.';
+COMMENT ON COLUMN files.scaling_hint.desired_nodes IS 'needed_nodes within [min_nodes, max_nodes]: what to set the autoscaling group''s desired capacity to.';
+COMMENT ON COLUMN files.scaling_hint.backlog_per_instance IS
+    '(pending + running) / nodes (/ 1 with no node): the custom metric for a target-tracking scaling policy.';
+COMMENT ON COLUMN files.scaling_hint.target_backlog_per_instance IS
+    'The target value for backlog_per_instance: target_drain / mean_attempt_time x slots_per_node; NULL without a mean attempt time.';
+
+REVOKE ALL ON files.scaling_settings, files.scaling_hint FROM PUBLIC;
+REVOKE ALL ON FUNCTION files.scaling_hint(interval, integer, integer) FROM PUBLIC;
+GRANT SELECT ON files.scaling_settings, files.scaling_hint TO pgworker_worker, pgworker_reader;
+GRANT EXECUTE ON FUNCTION files.scaling_hint(interval, integer, integer) TO pgworker_worker, pgworker_reader;
+GRANT UPDATE (target_drain, min_nodes, max_nodes, slots_per_node, sample_window) ON files.scaling_settings TO pgworker_admin;
+
+
+-- ============================================================================
+-- 00007_outage_grace.sql
+-- ============================================================================
+CREATE TABLE files.reap_state (
+    singleton        boolean     PRIMARY KEY DEFAULT true,
+    fleet_resumed_at timestamptz NOT NULL DEFAULT '-infinity',
+    CONSTRAINT reap_state_one_row CHECK (singleton)
+);
+INSERT INTO files.reap_state DEFAULT VALUES;
+COMMENT ON TABLE files.reap_state IS
+    'One row of bookkeeping for files.reap, kept by the SQL API.';
+COMMENT ON COLUMN files.reap_state.singleton IS 'Always true: keeps the table at one row.';
+COMMENT ON COLUMN files.reap_state.fleet_resumed_at IS
+    'When the fleet was last heard from again after every live slot had been silent past its lease timeout (the database '
+    'restarted or failed over, or the network or PgBouncer was down). files.reap counts silence from then at the earliest.';
+
+CREATE FUNCTION files.fleet_heard()
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_silent boolean;
+    v_since  timestamptz;
+BEGIN
+    -- If even the live slot heard from last has been silent past its lease,
+    -- the whole fleet was: the caller is the first sign of life since. One
+    -- index entry of workers_live_idx is read; the row is written once per
+    -- outage.
+    SELECT w.last_heartbeat_at < now() - w.lease_timeout INTO v_silent
+    FROM files.workers w
+    WHERE w.state IN ('active', 'draining')
+    ORDER BY w.last_heartbeat_at DESC LIMIT 1;
+    IF v_silent THEN
+        -- Many first signs of life at once (every node reconnects): the others
+        -- wait for the first to commit, then leave its time in place.
+        UPDATE files.reap_state s SET fleet_resumed_at = now()
+        WHERE s.fleet_resumed_at < now() - interval '1 second';
+    END IF;
+    SELECT greatest(s.fleet_resumed_at, pg_postmaster_start_time()) INTO v_since FROM files.reap_state s;
+    RETURN coalesce(v_since, pg_postmaster_start_time());
+END
+$$;
+COMMENT ON FUNCTION files.fleet_heard() IS
+    'Called by files.heartbeat, files.register_worker and files.reap: notes the end of a silence of the whole fleet '
+    '(files.reap_state) and returns the time from which a slot''s silence counts: the server''s start or the end of '
+    'the fleet''s last silence, whichever is later.';
+
+CREATE OR REPLACE FUNCTION files.register_worker(
+    worker_id text, node text DEFAULT NULL, pid integer DEFAULT NULL, slot integer DEFAULT NULL,
+    version text DEFAULT NULL, queues text[] DEFAULT NULL, lease_timeout interval DEFAULT '15 seconds')
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF register_worker.worker_id IS NULL OR register_worker.worker_id = '' THEN
+        RAISE EXCEPTION 'files.register_worker: worker_id must not be NULL or empty'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM files.fleet_heard();
+    INSERT INTO files.workers AS w (worker_id, node, pid, slot, version, queues, lease_timeout)
+    VALUES (register_worker.worker_id, register_worker.node, register_worker.pid, register_worker.slot,
+            register_worker.version, register_worker.queues, coalesce(register_worker.lease_timeout, interval '15 seconds'))
+    ON CONFLICT (worker_id) DO UPDATE
+    SET node = EXCLUDED.node, pid = EXCLUDED.pid, slot = EXCLUDED.slot, version = EXCLUDED.version,
+        queues = EXCLUDED.queues, lease_timeout = EXCLUDED.lease_timeout,
+        state = 'active', started_at = now(), last_heartbeat_at = now(), stopped_at = NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION files.heartbeat(VARIADIC worker_ids text[])
+RETURNS TABLE (worker_id text, file_id bigint, attempt integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM files.fleet_heard();
+    -- Lock in a fixed order, as files.reap does, so that the two cannot deadlock.
+    UPDATE files.workers w
+    SET last_heartbeat_at = now(),
+        state = CASE WHEN w.state = 'dead' THEN 'active' ELSE w.state END,
+        stopped_at = CASE WHEN w.state = 'dead' THEN NULL ELSE w.stopped_at END
+    FROM (SELECT x.worker_id FROM files.workers x
+          WHERE x.worker_id = ANY (heartbeat.worker_ids)
+          ORDER BY x.worker_id FOR UPDATE) l
+    WHERE w.worker_id = l.worker_id;
+
+    RETURN QUERY
+    UPDATE files.files f
+    SET lease_expires_at = now() + w.lease_timeout
+    FROM (SELECT x.id FROM files.files x
+          WHERE x.state = 'running' AND x.worker_id = ANY (heartbeat.worker_ids)
+          ORDER BY x.id FOR UPDATE) l,
+         files.workers w
+    WHERE f.id = l.id AND w.worker_id = f.worker_id
+    RETURNING f.worker_id, f.id, f.attempt;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION files.reap()
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n        integer;
+    v_queues text[];
+    v_since  timestamptz;
+BEGIN
+    -- Every node may call reap at once: one does the work, the others return at once.
+    IF NOT pg_try_advisory_xact_lock(hashtext('files.reap')) THEN
+        RETURN 0;
+    END IF;
+    -- While the server was down, failing over, or out of the fleet's reach,
+    -- nobody could heartbeat: a slot's silence counts from the server's start,
+    -- and from the end of the fleet's last silence, at the earliest.
+    v_since := files.fleet_heard();
+    UPDATE files.workers w SET state = 'dead', stopped_at = now()
+    FROM (SELECT x.worker_id FROM files.workers x
+          WHERE x.state IN ('active', 'draining')
+            AND greatest(x.last_heartbeat_at, v_since) < now() - x.lease_timeout
+          ORDER BY x.worker_id FOR UPDATE SKIP LOCKED) l
+    WHERE w.worker_id = l.worker_id;
+
+    WITH expired AS (
+        SELECT x.id, x.worker_id, x.attempt FROM files.files x
+        LEFT JOIN files.workers w ON w.worker_id = x.worker_id
+        WHERE x.state = 'running' AND x.lease_expires_at < now()
+          AND v_since < now() - coalesce(w.lease_timeout, interval '15 seconds')
+        ORDER BY x.id FOR UPDATE OF x SKIP LOCKED
+    ), returned AS (
+        UPDATE files.files f
+        SET state = CASE WHEN f.attempt >= f.max_attempts THEN 'failed' ELSE 'pending' END,
+            finished_at = CASE WHEN f.attempt >= f.max_attempts THEN now() END,
+            worker_id = NULL, lease_expires_at = NULL, run_after = now(),
+            last_error = format('lost: worker %s stopped heartbeating', e.worker_id)
+        FROM expired e WHERE f.id = e.id
+        RETURNING f.id, f.queue, f.state, f.last_error, e.worker_id, e.attempt
+    ), logged AS (
+        UPDATE files.attempts a
+        SET outcome = 'lost', finished_at = now(), duration = now() - a.started_at, error = r.last_error
+        FROM returned r
+        WHERE a.file_id = r.id AND a.attempt = r.attempt AND a.worker_id = r.worker_id AND a.outcome IS NULL
+    )
+    SELECT count(*), array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'pending')
+    INTO n, v_queues FROM returned r;
+
+    PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
+    RETURN n;
+END
+$$;
+
+COMMENT ON FUNCTION files.reap() IS
+    'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
+    '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
+    'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
+    'at once. Returns the number of rows returned.';
+
+REVOKE ALL ON files.reap_state FROM PUBLIC;
+REVOKE ALL ON FUNCTION files.fleet_heard() FROM PUBLIC;
+GRANT SELECT ON files.reap_state TO pgworker_worker, pgworker_reader;
+

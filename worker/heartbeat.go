@@ -85,7 +85,6 @@ func (w *Worker) beat(ctx context.Context) error {
 	for id, t := range w.running {
 		h, ok := held[id]
 		if ok && h.workerID == t.row.WorkerID && int(h.attempt) == t.row.Attempt {
-			t.leaseUntil = sent.Add(w.lease)
 			delete(held, id)
 			continue
 		}

@@ -31,6 +31,7 @@ type outcome struct {
 	message   string  // fail: the error; release: the reason
 	retryable bool
 	reply     chan recorded
+	runAfter  time.Time // fail: when a row left pending runs again; zero when it failed for good
 }
 
 type recorded int
@@ -38,7 +39,7 @@ type recorded int
 const (
 	recordedOK      recorded = iota // the fenced call took it
 	recordedNotHeld                 // the fenced call refused: the row is no longer ours
-	recordedGaveUp                  // the database could not be reached before the lease expired
+	recordedGaveUp                  // the worker stopped before the database could be reached
 )
 
 // report is the attempt report of files.complete and files.fail.
@@ -125,8 +126,8 @@ func (w *Worker) forgetReleases(id int64) {
 }
 
 // settle records an outcome and waits for the answer, so that the slot stays
-// busy until its row is settled.
-func (w *Worker) settle(t *task, o *outcome) {
+// busy until its row is settled. ev is the row's end event, completed here.
+func (w *Worker) settle(t *task, o *outcome, ev Event) {
 	var r recorded
 	if o.kind == kindRelease {
 		r = w.release(t, o.message)
@@ -143,36 +144,53 @@ func (w *Worker) settle(t *task, o *outcome) {
 		switch o.kind {
 		case kindComplete:
 			w.done.Add(1)
+			ev.Kind = RowDone
 		case kindFail:
 			w.failed.Add(1)
+			ev.Kind, ev.Err, ev.RetryAt = RowFailed, errors.New(o.message), o.runAfter
 			if !o.retryable {
-				w.logger.Info("worker: row failed permanently", "file_id", t.row.ID, "error", o.message)
+				w.logger.Debug("worker: row failed permanently", "file_id", t.row.ID, "error", o.message)
 			}
 		case kindRelease:
 			w.released.Add(1)
+			ev.Kind, ev.Err = RowReleased, errors.New(o.message)
 		}
 	case recordedNotHeld:
 		w.mu.Lock()
 		gone := t.gone
 		w.mu.Unlock()
+		ev.Kind, ev.Err = RowLost, errNotHeld
 		if gone == nil {
 			w.lost.Add(1)
 			w.logger.Warn("worker: outcome refused: the row is no longer held by this attempt",
 				"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
+		} else {
+			ev.Err = gone
+			if gone == ErrCancelled {
+				ev.Kind = RowCancelled
+			}
 		}
 	case recordedGaveUp:
 		w.lost.Add(1)
-		w.logger.Warn("worker: outcome lost: the database could not record it before the lease expired",
+		ev.Kind, ev.Err = RowLost, errGaveUp
+		w.logger.Warn("worker: outcome lost: the database could not be reached before the worker stopped",
 			"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 	}
+	w.observe(ev)
 }
 
+// Why an outcome was not recorded, for RowLost events.
+var (
+	errNotHeld = errors.New("outcome refused: the row is no longer held by this attempt")
+	errGaveUp  = errors.New("outcome not recorded: the database could not be reached before the worker stopped")
+)
+
 // release hands a row back without spending an attempt, retrying connection
-// errors while the lease may still be ours.
+// errors until the database answers (see flush) or the worker stops.
 func (w *Worker) release(t *task, reason string) recorded {
 	ctx := w.loopCtx
 	for n := 1; ; n++ {
-		if w.expired(t) || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return recordedGaveUp
 		}
 		qctx, cancel := context.WithTimeout(ctx, w.lease)
@@ -194,13 +212,6 @@ func (w *Worker) release(t *task, reason string) recorded {
 			return recordedGaveUp
 		}
 	}
-}
-
-// expired reports whether t's lease has certainly expired by the local clock.
-func (w *Worker) expired(t *task) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return time.Now().After(t.leaseUntil)
 }
 
 // recordLoop batches the outcomes of all slots: whatever queued up while the
@@ -236,13 +247,16 @@ func (w *Worker) recordLoop(ctx context.Context) {
 	}
 }
 
-// flush records a batch, retrying connection errors with backoff; each
-// outcome gets its answer on its reply channel.
+// flush records a batch, retrying connection errors with backoff until the
+// database answers or the worker stops; each outcome gets its answer on its
+// reply channel. An outcome is sent however long the database was away: the
+// fenced call refuses it if the row was taken back meanwhile, and records it
+// if not (files.reap does not count the database's own outage against the
+// lease), so finished work is not thrown away on a guess of the local clock.
 func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Context, []*outcome) (map[int64]bool, error)) {
 	var down time.Time
 	for n := 1; len(obs) > 0; n++ {
-		obs = w.dropExpired(obs)
-		if len(obs) == 0 || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			break
 		}
 		qctx, cancel := context.WithTimeout(ctx, w.lease)
@@ -270,7 +284,7 @@ func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Co
 			w.logger.Debug("worker: recording outcomes lost a race; retrying", "rows", len(obs), "error", err)
 		case down.IsZero():
 			down = time.Now()
-			w.logger.Warn("worker: cannot record outcomes; retrying while the leases last", "rows", len(obs), "error", err)
+			w.logger.Warn("worker: cannot record outcomes; retrying until the database answers", "rows", len(obs), "error", err)
 		default:
 			w.logger.Debug("worker: still cannot record outcomes", "rows", len(obs), "error", err)
 		}
@@ -309,20 +323,6 @@ func (w *Worker) salvage(ctx context.Context, obs []*outcome, send func(context.
 	}
 }
 
-// dropExpired answers the outcomes whose lease has certainly expired and
-// returns the others.
-func (w *Worker) dropExpired(obs []*outcome) []*outcome {
-	keep := obs[:0]
-	for _, o := range obs {
-		if w.expired(o.t) {
-			o.reply <- recordedGaveUp
-		} else {
-			keep = append(keep, o)
-		}
-	}
-	return keep
-}
-
 func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
 	ids, wids, attempts := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs))
 	results, reports := make([]*string, len(obs)), make([]*string, len(obs))
@@ -359,6 +359,10 @@ func (w *Worker) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, 
 	}
 	defer rows.Close()
 	took := make(map[int64]bool, len(obs))
+	byID := make(map[int64]*outcome, len(obs))
+	for _, o := range obs {
+		byID[o.t.row.ID] = o
+	}
 	for rows.Next() {
 		var (
 			id       int64
@@ -372,6 +376,9 @@ func (w *Worker) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, 
 		if state == "pending" {
 			// Nobody announces a retry when it comes due: look then.
 			w.claimer.WakeAt(runAfter)
+			if o := byID[id]; o != nil {
+				o.runAfter = runAfter
+			}
 		}
 	}
 	return took, rows.Err()

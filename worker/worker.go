@@ -150,6 +150,10 @@ type Config struct {
 	// free their slots sooner; two statements may run at once. Defaults to 100.
 	MaxBatch int
 
+	// Observer receives an event when a row starts and when it ends, for
+	// metrics and per-row logs. Defaults to none.
+	Observer Observer
+
 	// Logger receives the worker's log lines. Defaults to discarding.
 	Logger *slog.Logger
 }
@@ -181,9 +185,10 @@ type Stats struct {
 
 // Worker runs a Handler on claimed rows. Create it with New.
 type Worker struct {
-	pool    *pgxpool.Pool
-	handler Handler
-	logger  *slog.Logger
+	pool     *pgxpool.Pool
+	handler  Handler
+	logger   *slog.Logger
+	observer Observer
 
 	queues      []string
 	minSlots    int
@@ -239,13 +244,12 @@ type Worker struct {
 
 // task is a row being worked on.
 type task struct {
-	row        claim.Row
-	ctx        context.Context
-	cancel     context.CancelCauseFunc
-	received   time.Time // when the claim's answer arrived
-	leaseUntil time.Time // local time by which the lease has certainly expired, unless extended
-	finishing  bool      // the handler returned
-	gone       error     // ErrLeaseLost or ErrCancelled, once known
+	row       claim.Row
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	received  time.Time // when the claim's answer arrived
+	finishing bool      // the handler returned
+	gone      error     // ErrLeaseLost or ErrCancelled, once known
 }
 
 // heldRow is one row of a heartbeat's answer.
@@ -269,6 +273,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		pool:        pool,
 		handler:     cfg.Handler,
 		logger:      cfg.Logger,
+		observer:    cfg.Observer,
 		queues:      slices.Clone(cfg.Queues),
 		minSlots:    max(cfg.Slots, 1),
 		threshold:   cfg.ScaleThreshold,
@@ -567,7 +572,7 @@ func (w *Worker) Stats() Stats {
 func (w *Worker) deliver(r claim.Row) {
 	now := time.Now()
 	ctx, cancel := context.WithCancelCause(w.handlerCtx)
-	t := &task{row: r, ctx: ctx, cancel: cancel, received: now, leaseUntil: now.Add(w.lease)}
+	t := &task{row: r, ctx: ctx, cancel: cancel, received: now}
 	w.mu.Lock()
 	w.running[r.ID] = t
 	w.mu.Unlock()
@@ -591,6 +596,7 @@ func (w *Worker) execute(t *task) {
 		WorkerID: t.row.WorkerID, CreatedAt: t.row.CreatedAt, ClaimedAt: t.row.ClaimedAt,
 		LastError: t.row.LastError,
 	}
+	w.observe(Event{Kind: RowStarted, Job: job})
 	start := time.Now()
 	res, err := w.call(ctx, job)
 	elapsed := time.Since(start)
@@ -599,11 +605,26 @@ func (w *Worker) execute(t *task) {
 	t.finishing = true
 	gone := t.gone
 	w.mu.Unlock()
+	ev := Event{Job: job, Elapsed: elapsed, Duration: elapsed}
+	if res != nil && res.Duration > 0 {
+		ev.Duration = res.Duration
+	}
 	if gone != nil {
 		w.logger.Debug("worker: outcome discarded", "file_id", t.row.ID, "attempt", t.row.Attempt, "reason", gone)
+		ev.Kind, ev.Err = RowLost, gone
+		if gone == ErrCancelled {
+			ev.Kind = RowCancelled
+		}
+		w.observe(ev)
 		return
 	}
-	w.settle(t, w.decide(t, res, err, elapsed, context.Cause(ctx)))
+	w.settle(t, w.decide(t, res, err, elapsed, context.Cause(ctx)), ev)
+}
+
+func (w *Worker) observe(e Event) {
+	if w.observer != nil {
+		w.observer.Observe(e)
+	}
 }
 
 // call runs the handler, turning a panic into an error.

@@ -7,33 +7,55 @@
 // It starts a throwaway PostgreSQL cluster and sets TEST_DATABASE_URL, unless
 // TEST_DATABASE_URL is already set. MinIO and PgBouncer are started by the tests
 // that need them, from ./bin and the system's binaries.
+//
+// With --minio it also starts a throwaway MinIO server (bin/minio) and sets
+// PGWORKER_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+// AWS_REGION for the command, as pgworker reads them; each --bucket NAME
+// (which implies --minio) is created first:
+//
+//	go run ./internal/cmd/testenv --minio --bucket bench -- pgworker bench pipeline ...
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/pgworker/pgworker/internal/miniotest"
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
 
+// buckets is the repeatable --bucket flag.
+type buckets []string
+
+func (b *buckets) String() string     { return strings.Join(*b, ",") }
+func (b *buckets) Set(s string) error { *b = append(*b, s); return nil }
+
 func main() {
-	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
+	fs := flag.NewFlagSet("testenv", flag.ExitOnError)
+	withMinIO := fs.Bool("minio", false, "also start a MinIO server and set PGWORKER_S3_ENDPOINT and the AWS_* credentials")
+	var bs buckets
+	fs.Var(&bs, "bucket", "create this `bucket` in MinIO (repeatable; implies --minio)")
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: testenv [--minio] [--bucket NAME]... -- COMMAND [ARGS...]")
+		fs.PrintDefaults()
 	}
+	_ = fs.Parse(os.Args[1:]) // stops at --, which it consumes
+	args := fs.Args()
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: testenv -- COMMAND [ARGS...]")
+		fs.Usage()
 		os.Exit(2)
 	}
-	os.Exit(run(args))
+	os.Exit(run(args, *withMinIO || len(bs) > 0, bs))
 }
 
-func run(args []string) int {
+func run(args []string, withMinIO bool, bs []string) int {
 	ctx := context.Background()
 	env := os.Environ()
 	if os.Getenv("TEST_DATABASE_URL") == "" {
@@ -49,6 +71,27 @@ func run(args []string) int {
 		}()
 		fmt.Fprintf(os.Stderr, "testenv: PostgreSQL on port %d (log %s)\n", c.Port, c.LogFile())
 		env = append(env, "TEST_DATABASE_URL="+c.URL("postgres"), "PG_BINDIR="+c.BinDir)
+	}
+	if withMinIO {
+		srv, err := miniotest.Start(nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testenv: start MinIO:", err)
+			return 1
+		}
+		defer func() {
+			if err := srv.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "testenv: stop MinIO:", err)
+			}
+		}()
+		for _, b := range bs {
+			if err := srv.MakeBucket(ctx, b); err != nil {
+				fmt.Fprintf(os.Stderr, "testenv: create bucket %s: %v\n", b, err)
+				return 1
+			}
+		}
+		fmt.Fprintf(os.Stderr, "testenv: MinIO at %s (log %s)\n", srv.Endpoint, srv.LogFile())
+		env = append(env, "PGWORKER_S3_ENDPOINT="+srv.Endpoint, "AWS_ACCESS_KEY_ID="+srv.AccessKey,
+			"AWS_SECRET_ACCESS_KEY="+srv.SecretKey, "AWS_REGION=us-east-1")
 	}
 
 	cmd := exec.Command(args[0], args[1:]...)

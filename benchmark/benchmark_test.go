@@ -1,0 +1,340 @@
+package benchmark_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgworker/pgworker/benchmark"
+	"github.com/pgworker/pgworker/blob"
+	"github.com/pgworker/pgworker/internal/miniotest"
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	code := miniotest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// newBench returns a Bench on a fresh migrated database, and its pool.
+func newBench(t *testing.T, cfg *benchmark.Config) (*benchmark.Bench, *pgxpool.Pool) {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	b, err := benchmark.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, pool
+}
+
+// shape marshals res and returns it as a JSON object, checking that the
+// setup fields are there.
+func shape(t *testing.T, res any, mode string) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m["mode"] != mode || m["system"] != "pgworker" || m["queue"] != benchmark.Queue {
+		t.Errorf("setup of %s: %s", mode, b)
+	}
+	for _, k := range []string{"version", "go_version", "postgres_version"} {
+		if s, _ := m[k].(string); s == "" {
+			t.Errorf("%s: %s is missing: %s", mode, k, b)
+		}
+	}
+	return m
+}
+
+// positive checks that each key of m holds a number above zero.
+func positive(t *testing.T, m map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if v, ok := m[k].(float64); !ok || v <= 0 {
+			t.Errorf("%s = %v, want a positive number", k, m[k])
+		}
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// cleanedUp checks that the benchmark left no row, slot or queue behind.
+func cleanedUp(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for _, q := range []string{
+		"SELECT count(*) FROM files.files WHERE queue = 'pgworker-bench'",
+		"SELECT count(*) FROM files.attempts a LEFT JOIN files.files f ON f.id = a.file_id WHERE f.id IS NULL",
+		"SELECT count(*) FROM files.workers WHERE worker_id LIKE 'pgworker-bench:%'",
+		"SELECT count(*) FROM files.queues WHERE queue = 'pgworker-bench'",
+	} {
+		if n := count(t, pool, q); n != 0 {
+			t.Errorf("%s: %d, want 0", q, n)
+		}
+	}
+}
+
+func TestThroughput(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Throughput(context.Background(), &benchmark.ThroughputConfig{Rows: 50, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "throughput")
+	positive(t, m, "rows_per_sec", "elapsed_ms", "insert_ms", "start_ms", "claims", "max_conns")
+	if m["rows"] != 50.0 || m["slots"] != 4.0 {
+		t.Errorf("rows %v, slots %v", m["rows"], m["slots"])
+	}
+	cleanedUp(t, pool)
+}
+
+func TestLatency(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Latency(context.Background(), &benchmark.LatencyConfig{Rows: 10, Rate: 100, Slots: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "latency")
+	positive(t, m, "rate", "slots", "rows", "claims")
+	for _, k := range []string{"p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"} {
+		if _, ok := m[k].(float64); !ok {
+			t.Errorf("%s missing", k)
+		}
+	}
+	if !(res.P50MS <= res.P90MS && res.P90MS <= res.P99MS && res.P99MS <= res.MaxMS) {
+		t.Errorf("percentiles out of order: %+v", res.Percentiles)
+	}
+	if res.FromSend.P50MS < res.P50MS || res.FromSend.MaxMS <= 0 {
+		t.Errorf("from_send %+v should not be shorter than from commit %+v", res.FromSend, res.Percentiles)
+	}
+	cleanedUp(t, pool)
+}
+
+func TestClaimDepth(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.ClaimDepth(context.Background(), &benchmark.ClaimDepthConfig{Depths: []int{1000, 200}, Claims: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "claim-depth")
+	positive(t, m, "ratio_claim_batch", "ratio_claim", "claims", "pending_percent")
+	if len(res.Depths) != 2 || res.Depths[0].Rows != 200 || res.Depths[1].Rows != 1000 {
+		t.Fatalf("depths: %+v", res.Depths)
+	}
+	if res.Depths[0].Pending != 2 || res.Depths[1].Pending != 10 {
+		t.Errorf("pending rows %d and %d, want 2 and 10", res.Depths[0].Pending, res.Depths[1].Pending)
+	}
+	if res.RatioDepths != [2]int{1000, 200} {
+		t.Errorf("ratio_depths %v", res.RatioDepths)
+	}
+	for _, d := range res.Depths {
+		if d.ClaimBatch.P50MS <= 0 || d.Claim.P50MS <= 0 {
+			t.Errorf("depth %d: %+v", d.Rows, d)
+		}
+	}
+	var track string
+	if err := pool.QueryRow(context.Background(), "SELECT current_setting('track_functions')").Scan(&track); err != nil {
+		t.Fatal(err)
+	}
+	if track != "none" && (res.Depths[0].ClaimBatchServerMS == nil || res.Depths[0].ClaimServerMS == nil) {
+		t.Errorf("track_functions is %s, but no server-side time was read", track)
+	}
+	cleanedUp(t, pool)
+}
+
+func TestHerd(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Herd(context.Background(), &benchmark.HerdConfig{Processes: 3, Slots: 2, Rows: 4, Interval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "herd")
+	positive(t, m, "claim_batch_calls", "claim_queries_per_row", "claim_queries_per_process_per_wakeup",
+		"client_claims", "max_process_claims_per_row")
+	// Every row is claimed by someone: at least one query per row.
+	if res.ClaimBatchCalls+res.ClaimCalls < 4 {
+		t.Errorf("%d claim queries for 4 rows", res.ClaimBatchCalls+res.ClaimCalls)
+	}
+	if int64(res.ClientClaims) > res.ClaimBatchCalls+res.ClaimCalls {
+		t.Errorf("the runtimes sent %d claims, the server counted %d", res.ClientClaims, res.ClaimBatchCalls+res.ClaimCalls)
+	}
+	cleanedUp(t, pool)
+}
+
+// copyLines is a stand-in for the enqueue command, which the cli package
+// passes (and its tests run through pgworker bench enqueue).
+func copyLines(pool *pgxpool.Pool) func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+	return func(ctx context.Context, queue string, _ int, r io.Reader) error {
+		var rows [][]any
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			rows = append(rows, []any{queue, sc.Text()})
+		}
+		if err := sc.Err(); err != nil {
+			return err
+		}
+		_, err := pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, []string{"queue", "source"}, pgx.CopyFromRows(rows))
+		return err
+	}
+}
+
+func TestEnqueue(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	var first string
+	load := copyLines(pool)
+	res, err := b.Enqueue(context.Background(), &benchmark.EnqueueConfig{
+		Rows: 1234,
+		Load: func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+			if queue != benchmark.Queue || batchSize != 10000 {
+				t.Errorf("Load(%q, %d)", queue, batchSize)
+			}
+			br := bufio.NewReader(r)
+			first, _ = br.ReadString('\n')
+			return load(ctx, queue, batchSize, io.MultiReader(strings.NewReader(first), br))
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "enqueue")
+	positive(t, m, "rows_per_sec", "elapsed_ms", "batch_size")
+	if first != "enqueue/000000001\n" {
+		t.Errorf("first source %q", first)
+	}
+	cleanedUp(t, pool)
+
+	_, err = b.Enqueue(context.Background(), &benchmark.EnqueueConfig{Rows: 10})
+	if err == nil || !strings.Contains(err.Error(), "Load is required") {
+		t.Errorf("Enqueue without Load: %v", err)
+	}
+	_, err = b.Enqueue(context.Background(), &benchmark.EnqueueConfig{
+		Rows: 10,
+		Load: func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+			return load(ctx, queue, batchSize, io.LimitReader(r, 5*18)) // five lines
+		},
+	})
+	if err == nil || !strings.Contains(err.Error(), "loaded 5 rows, want 10") {
+		t.Errorf("Enqueue that loses rows: %v", err)
+	}
+}
+
+func TestPipeline(t *testing.T) {
+	t.Parallel()
+	srv := miniotest.Shared(t)
+	bucket := srv.Bucket(t)
+	opts := blob.Options{Endpoint: srv.Endpoint, AccessKeyID: srv.AccessKey, SecretAccessKey: srv.SecretKey, Region: "us-east-1"}
+	open := func(u string) blob.Store {
+		s, err := blob.Open(context.Background(), u, &opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	in, out := open("s3://"+bucket+"/in"), open("s3://"+bucket+"/out")
+	b, pool := newBench(t, nil)
+	res, err := b.Pipeline(context.Background(), &benchmark.PipelineConfig{Rows: 6, Slots: 2, ObjectSize: 100, Input: in, Output: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "pipeline")
+	positive(t, m, "overhead_ratio", "object_bytes")
+	for _, k := range []string{"queued", "direct"} {
+		r, _ := m[k].(map[string]any)
+		positive(t, r, "rows_per_sec", "elapsed_ms")
+	}
+	if res.Exec != benchmark.DefaultPipelineExec || res.InputStore != "s3://"+bucket+"/in/" {
+		t.Errorf("exec %q, input store %q", res.Exec, res.InputStore)
+	}
+	cleanedUp(t, pool)
+	for _, s := range []blob.Store{in, out} {
+		for info, err := range s.List(context.Background(), "") {
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Errorf("%s: object %s left behind", s.Location(), info.Key)
+		}
+	}
+}
+
+// TestScratchOnly: a database in use is refused unless forced, and its rows
+// survive either way.
+func TestScratchOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b, pool := newBench(t, nil)
+	if _, err := pool.Exec(ctx, "INSERT INTO files.files (queue, source) VALUES ('photos', 'a.jpg'), ('pgworker-bench', 'leftover')"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Throughput(ctx, &benchmark.ThroughputConfig{Rows: 5, Slots: 1})
+	if !errors.Is(err, benchmark.ErrNotScratch) || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("Throughput on a database in use: %v", err)
+	}
+	forced, err := benchmark.New(pool, &benchmark.Config{Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := forced.Throughput(ctx, &benchmark.ThroughputConfig{Rows: 5, Slots: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE queue = 'photos' AND state = 'pending'"); n != 1 {
+		t.Errorf("the user's row: %d left pending, want 1", n)
+	}
+	cleanedUp(t, pool)
+
+	// Live slots of a user's worker count as use too.
+	if _, err := pool.Exec(ctx, "DELETE FROM files.files"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT files.register_worker('node:1:0')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Latency(ctx, &benchmark.LatencyConfig{Rows: 1}); !errors.Is(err, benchmark.ErrNotScratch) {
+		t.Errorf("Latency beside a live slot: %v", err)
+	}
+}
+
+func TestNoSchema(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.EmptyURL(t))
+	b, err := benchmark.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Herd(context.Background(), nil)
+	if err == nil || !strings.Contains(err.Error(), "pgworker migrate up") {
+		t.Errorf("Herd without the schema: %v", err)
+	}
+}

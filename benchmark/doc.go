@@ -1,0 +1,32 @@
+// Package benchmark measures pgworker on a real database: the figures that
+// `pgworker bench` prints and BENCHMARKS.md records.
+//
+// Each mode runs the real code (the worker runtime, the SQL API, the enqueue
+// COPY, the download-exec-upload pipeline) on scratch rows of its own queue,
+// Queue, and reports its figures with its setup as a JSON-ready struct:
+//
+//   - Throughput: pre-inserted rows burnt down by a no-op handler.
+//   - Latency: rows inserted one at a time while every slot is idle; time
+//     from the insert's commit to the handler's start.
+//   - ClaimDepth: the time of one claim with millions of finished rows in
+//     the table.
+//   - Herd: claim queries per row with many idle processes listening.
+//   - Enqueue: rows per second through `pgworker enqueue`'s COPY path.
+//   - Pipeline: rows per second of the download-exec-upload pipeline
+//     through the queue, beside the same pipeline with no queue at all.
+//
+// A Bench refuses a database that holds rows of other queues, or live
+// worker slots, unless Config.Force is set: a benchmark belongs on a scratch
+// database, and the figures of a shared one mean little. It never deletes
+// rows outside Queue, and it removes its own rows when a mode ends.
+//
+//	b, err := benchmark.New(pool, &benchmark.Config{Logger: logger})
+//	if err != nil {
+//		return err
+//	}
+//	res, err := b.Throughput(ctx, &benchmark.ThroughputConfig{Rows: 20000, Slots: 100})
+//	if err != nil {
+//		return err
+//	}
+//	fmt.Printf("%.0f rows/s\n", res.RowsPerSec)
+package benchmark

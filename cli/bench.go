@@ -1,0 +1,390 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgworker/pgworker/benchmark"
+	"github.com/pgworker/pgworker/blob"
+)
+
+var benchCommand = &command{
+	name:    "bench",
+	args:    "MODE [flags]",
+	summary: "measure throughput, pickup latency, claim cost, herd, enqueue and pipeline speed",
+	help: `
+Measures pgworker on the database that --database-url names, with the real
+worker runtime, SQL API and enqueue path, and prints the figures with their
+setup (--json: one JSON object on one line).
+
+  throughput   pre-inserted rows burnt down by a no-op handler (rows/s)
+  latency      rows inserted one at a time at a steady rate while every slot
+               is idle: insert commit to handler start (p50, p90, p99, max)
+  claim-depth  the time of one claim with up to millions of finished rows in
+               the table, and how it grows with the table
+  herd         many idle processes, one row at a time: claim queries per row
+               and per process per wake-up, counted by the server
+  enqueue      rows/s through pgworker enqueue's COPY path
+  pipeline     rows/s of download, program, upload through MinIO or S3,
+               beside the same steps in a loop with no queue at all
+
+The scratch rows go to the queue pgworker-bench, and are deleted when the
+mode ends. A benchmark belongs on a scratch database: bench refuses one that
+holds rows of other queues or live worker slots unless --force is given (it
+then still deletes only the rows of queue pgworker-bench; but live workers
+that serve every queue would take some of them). The user must own the files
+schema (it writes files.files directly). The sizes have no environment
+twins: the command line says what was measured. To make a scratch database:
+
+  createdb pgworker_bench
+  pgworker migrate up --database-url postgres:///pgworker_bench
+
+Run 'pgworker bench MODE --help' for a mode's flags.`,
+	examples: `
+pgworker bench throughput --database-url postgres:///pgworker_bench --rows 20000 --slots 100
+pgworker bench latency --rows 500 --rate 50 --slots 100 --json
+pgworker bench claim-depth --depths 10k,1M
+pgworker bench herd --processes 20 --slots 50
+pgworker bench enqueue --rows 1000000
+pgworker bench pipeline --input-store s3://bench/in --output-store s3://bench/out --rows 2000 --slots 8`,
+}
+
+var benchModes = map[string]*command{
+	"throughput": {
+		name: "bench throughput", args: "[--rows N] [--slots N] [--json] [flags]",
+		help: `
+Loads --rows rows into the paused queue pgworker-bench with COPY (not timed),
+starts a worker runtime with --slots slots and a no-op handler, resumes the
+queue and times it until every outcome is recorded. JSON: rows_per_sec,
+elapsed_ms, insert_ms, start_ms (the worker's start, not timed), claims.`,
+		examples: "pgworker bench throughput --rows 20000 --slots 100\npgworker bench throughput --rows 50000 --slots 2000 --json",
+	},
+	"latency": {
+		name: "bench latency", args: "[--rows N] [--rate R] [--slots N] [--json] [flags]",
+		help: `
+Starts a worker runtime with --slots idle slots, then inserts --rows rows one
+at a time (one INSERT and commit each) at --rate per second, after five
+warm-up rows. For each row it takes the time from the insert's commit
+returning to the handler's start. JSON: p50_ms, p90_ms, p99_ms, max_ms,
+mean_ms, and the same from just before the insert was sent (from_send).`,
+		examples: "pgworker bench latency --rows 500 --rate 50 --slots 100\npgworker bench latency --json | jq .p50_ms",
+	},
+	"claim-depth": {
+		name: "bench claim-depth", args: "[--depths N,N,...] [--claims N] [--json] [flags]",
+		help: `
+Grows the table through --depths rows (1% pending, the rest done; with
+INSERT ... SELECT generate_series, a million rows a statement, then VACUUM
+ANALYZE) and times at each depth --claims committed claims of one row for one
+slot, with files.claim_batch (what the worker runtime sends) and with
+files.claim, alternately; each claimed row is released at once. JSON: per
+depth the percentiles of both, the server's mean per call when
+track_functions is on, and ratio_claim_batch and ratio_claim: the median at
+the largest depth over the one at the smallest.
+
+Ten million rows take a few minutes to build and need about 2 GB of disk;
+--depths picks the sizes (k and M suffixes allowed).`,
+		examples: "pgworker bench claim-depth\npgworker bench claim-depth --depths 10k,1M --claims 500 --json",
+	},
+	"herd": {
+		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--json] [flags]",
+		help: `
+Starts --processes worker runtimes in this process, each with its own pool and
+LISTEN connection as separate processes would have, and --slots idle slots
+each. Inserts --rows rows one at a time, each once the previous one was
+picked up and --interval passed, and counts the claim queries the server ran
+(calls of files.claim_batch and files.claim in pg_stat_user_functions, read
+once the statistics settle; they need track_functions, which a superuser's
+benchmark turns on for its own sessions). JSON: claim_queries_per_row,
+claim_queries_per_process_per_wakeup, and the runtimes' own counts.`,
+		examples: "pgworker bench herd --processes 20 --slots 50\npgworker bench herd --processes 5 --rows 20 --json",
+	},
+	"enqueue": {
+		name: "bench enqueue", args: "[--rows N] [--batch-size N] [--json] [flags]",
+		help: `
+Runs pgworker enqueue itself on --rows generated sources fed as lines of
+standard input, into queue pgworker-bench, and times it from its start
+(connecting included) to the commit of the last batch. JSON: rows_per_sec,
+elapsed_ms, batch_size.`,
+		examples: "pgworker bench enqueue --rows 1000000\npgworker bench enqueue --rows 100000 --batch-size 1000 --json",
+	},
+	"pipeline": {
+		name: "bench pipeline", args: "--input-store URL --output-store URL [--rows N] [--slots N] [--json] [flags]",
+		help: `
+Uploads --rows objects of --size bytes under a prefix of its own in the input
+store (not timed), then runs the pipeline of pgworker run (download, run
+--exec, upload the outputs) on them twice with --slots at once: as a loop that
+calls the pipeline on synthetic jobs with no queue at all, and through the
+queue and the worker runtime. The rows are split into --rounds, each run both
+ways in alternating order, so that a load on the machine that changes during
+the run weighs on both alike; a warm-up loop comes first. The objects and
+outputs are deleted at the end (a file:// store keeps the emptied
+directories). JSON: queued and direct (rows_per_sec, elapsed_ms),
+overhead_ratio (direct rate over queued rate) and overhead_pct.
+
+The S3 endpoint and credentials come from PGWORKER_S3_ENDPOINT,
+AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, as for pgworker run. There is no
+shell between pgworker and --exec: write 'cp {input} {output_dir}/out', not a
+redirection.`,
+		examples: "pgworker bench pipeline --input-store s3://bench/in --output-store s3://bench/out\n" +
+			"pgworker bench pipeline --input-store file:///tmp/in --output-store file:///tmp/out --rows 500 --json",
+	},
+}
+
+// benchModeOrder lists the modes for messages.
+const benchModeOrder = "throughput, latency, claim-depth, herd, enqueue or pipeline"
+
+func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		return usagef("name a mode: %s (see 'pgworker bench --help')", benchModeOrder)
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fs := newFlagSet(benchCommand)
+		var (
+			db   dbFlags
+			logs logFlags
+		)
+		db.add(fs)
+		logs.add(fs)
+		fs.printHelp(e.stdout)
+		return nil
+	}
+	mode := args[0]
+	sub, ok := benchModes[mode]
+	if !ok {
+		return usagef("unknown bench mode %q: say %s", mode, benchModeOrder)
+	}
+	fs := newFlagSet(sub)
+	var (
+		db      dbFlags
+		logs    logFlags
+		asJSON  bool
+		force   bool
+		timeout time.Duration
+	)
+	db.add(fs)
+	logs.add(fs)
+	fs.BoolVar(&asJSON, "json", false, "print the result as one line of JSON")
+	fs.BoolVar(&force, "force", false, "run on a database that holds rows of other queues or live worker slots (only rows of queue pgworker-bench are deleted)")
+	fs.DurationVar(&timeout, "timeout", time.Hour, "give up after this long")
+
+	var (
+		rows, slots, maxConns, claims, processes, batchSize, size, rounds int
+		rate                                                              float64
+		depths, execCmd, inputStore, outputStore                          string
+		interval                                                          time.Duration
+	)
+	switch mode {
+	case "throughput":
+		fs.IntVar(&rows, "rows", 20000, "`N` rows to burn down")
+		fs.IntVar(&slots, "slots", 100, "`N` slots of the worker")
+		fs.IntVar(&maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+	case "latency":
+		fs.IntVar(&rows, "rows", 500, "`N` rows to insert and time")
+		fs.Float64Var(&rate, "rate", 50, "rows inserted per second")
+		fs.IntVar(&slots, "slots", 100, "`N` idle slots of the worker")
+	case "claim-depth":
+		fs.StringVar(&depths, "depths", "10000,1000000,10000000", "table sizes to measure at: comma-separated `N`s (10k, 1M allowed)")
+		fs.IntVar(&claims, "claims", 200, "`N` timed claims of each function per depth")
+	case "herd":
+		fs.IntVar(&processes, "processes", 20, "`N` worker runtimes, each with its own connections")
+		fs.IntVar(&slots, "slots", 50, "`N` idle slots per runtime")
+		fs.IntVar(&rows, "rows", 100, "`N` rows inserted one at a time")
+		fs.DurationVar(&interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
+	case "enqueue":
+		fs.IntVar(&rows, "rows", 1_000_000, "`N` sources to enqueue")
+		fs.IntVar(&batchSize, "batch-size", DefaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --batch-size")
+	case "pipeline":
+		fs.IntVar(&rows, "rows", 2000, "`N` rows, one input object each")
+		fs.IntVar(&slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
+		fs.IntVar(&size, "size", 4096, "`BYTES` per input object")
+		fs.IntVar(&rounds, "rounds", 4, "`N` rounds, each running its share of the rows both ways")
+		fs.StringVar(&execCmd, "exec", benchmark.DefaultPipelineExec, "the backend `COMMAND`, with placeholders as for pgworker run")
+		fs.StringVar(&inputStore, "input-store", "", "`URL` to upload the inputs to: s3://bucket/prefix or file:///dir")
+		fs.env("input-store", "PGWORKER_INPUT_STORE")
+		fs.StringVar(&outputStore, "output-store", "", "`URL` for the outputs: s3://bucket/prefix or file:///dir")
+		fs.env("output-store", "PGWORKER_OUTPUT_STORE")
+	}
+	if help, err := e.parseFlags(fs, args[1:]); help || err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q (see 'pgworker %s --help')", fs.Arg(0), sub.name)
+	}
+	if err := logs.validate(); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name    string
+		v, high int
+	}{{"rows", rows, 100_000_000}, {"slots", slots, 10_000}, {"max-conns", maxConns, 1000}, {"claims", claims, 1_000_000},
+		{"processes", processes, 500}, {"batch-size", batchSize, 1_000_000}, {"size", size, 1 << 30}, {"rounds", rounds, 1000}} {
+		if fs.Lookup(f.name) != nil && (f.v < 1 || f.v > f.high) {
+			return usagef("--%s must be between 1 and %d", f.name, f.high)
+		}
+	}
+	if timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	var depthList []int
+	switch mode {
+	case "latency":
+		if rate <= 0 || rate > 100_000 {
+			return usagef("--rate must be above 0 and at most 100000 rows per second")
+		}
+	case "claim-depth":
+		var err error
+		if depthList, err = parseDepths(depths); err != nil {
+			return err
+		}
+	case "herd":
+		if interval < 0 {
+			return usagef("--interval must not be negative")
+		}
+	case "pipeline":
+		if inputStore == "" || outputStore == "" {
+			return usagef("bench pipeline needs --input-store and --output-store (s3://bucket/prefix or file:///dir; or PGWORKER_INPUT_STORE and PGWORKER_OUTPUT_STORE)")
+		}
+		for _, s := range []struct{ flag, url string }{{"--input-store", inputStore}, {"--output-store", outputStore}} {
+			if err := checkStoreURL(s.url); err != nil {
+				return usagef("%s %q: %v", s.flag, s.url, err)
+			}
+		}
+	}
+	if err := db.resolve(fs, e.lookup); err != nil {
+		return err
+	}
+	logger := logs.logger(e.stderr, e.lookup)
+
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pool, err := db.connect(ctx, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	b, err := benchmark.New(pool, &benchmark.Config{Force: force, Version: version(), Logger: logger})
+	if err != nil {
+		return err
+	}
+
+	var res any
+	switch mode {
+	case "throughput":
+		res, err = b.Throughput(ctx, &benchmark.ThroughputConfig{Rows: rows, Slots: slots, MaxConns: maxConns})
+	case "latency":
+		res, err = b.Latency(ctx, &benchmark.LatencyConfig{Rows: rows, Rate: rate, Slots: slots})
+	case "claim-depth":
+		res, err = b.ClaimDepth(ctx, &benchmark.ClaimDepthConfig{Depths: depthList, Claims: claims})
+	case "herd":
+		res, err = b.Herd(ctx, &benchmark.HerdConfig{Processes: processes, Slots: slots, Rows: rows, Interval: interval})
+	case "enqueue":
+		res, err = b.Enqueue(ctx, &benchmark.EnqueueConfig{Rows: rows, BatchSize: batchSize, Load: c.enqueueLoader(e, &db, &logs)})
+	case "pipeline":
+		res, err = benchPipeline(ctx, b, logger, &benchmark.PipelineConfig{Rows: rows, Slots: slots, ObjectSize: size, Rounds: rounds, Exec: execCmd},
+			inputStore, outputStore)
+	}
+	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("bench %s: gave up after --timeout %s: %w", mode, timeout, err)
+		}
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(e.stdout).Encode(res)
+	}
+	_, err = fmt.Fprintln(e.stdout, benchText(res))
+	return err
+}
+
+// enqueueLoader runs the enqueue command itself, with the database flags of
+// the benchmark, on the sources the benchmark streams in.
+func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+	return func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+		sub := &env{stdin: r, stdout: io.Discard, stderr: e.stderr, lookup: e.lookup}
+		args := []string{"--database-url", db.url, "--queue", queue, "--batch-size", strconv.Itoa(batchSize),
+			"--log-format", logs.format, "--log-level", logs.level}
+		if db.statementMode != "" {
+			args = append(args, "--statement-mode", db.statementMode)
+		}
+		return c.enqueue(ctx, sub, args)
+	}
+}
+
+// benchPipeline opens the stores as pgworker run does and runs the mode.
+func benchPipeline(ctx context.Context, b *benchmark.Bench, logger *slog.Logger, cfg *benchmark.PipelineConfig, in, out string) (*benchmark.PipelineResult, error) {
+	opts, err := blob.OptionsFromEnv()
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	opts.Logger = logger
+	if cfg.Input, err = blob.Open(ctx, in, &opts); err != nil {
+		return nil, fmt.Errorf("--input-store: %w", err)
+	}
+	defer cfg.Input.Close()
+	if cfg.Output, err = blob.Open(ctx, out, &opts); err != nil {
+		return nil, fmt.Errorf("--output-store: %w", err)
+	}
+	defer cfg.Output.Close()
+	return b.Pipeline(ctx, cfg)
+}
+
+// parseDepths parses 10000,1M,10M.
+func parseDepths(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		mult := 1
+		switch {
+		case strings.HasSuffix(f, "k"), strings.HasSuffix(f, "K"):
+			mult, f = 1000, f[:len(f)-1]
+		case strings.HasSuffix(f, "M"):
+			mult, f = 1_000_000, f[:len(f)-1]
+		}
+		n, err := strconv.Atoi(strings.ReplaceAll(f, "_", ""))
+		if err != nil || n < 1 || n > 1_000_000_000/mult {
+			return nil, usagef("--depths %q: give table sizes such as 10000,1M,10M (each from 1 to 1000M rows)", s)
+		}
+		out = append(out, n*mult)
+	}
+	return out, nil
+}
+
+// benchText is a result in a line or a few.
+func benchText(res any) string {
+	switch r := res.(type) {
+	case *benchmark.ThroughputResult:
+		return fmt.Sprintf("throughput: %d rows, %d slots: %.0f rows/s (%.2f s, %d claim queries)",
+			r.Rows, r.Slots, r.RowsPerSec, r.ElapsedMS/1000, r.Claims)
+	case *benchmark.LatencyResult:
+		return fmt.Sprintf("latency: %d rows at %g/s, %d idle slots: insert commit to handler start p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms "+
+			"(from sending the insert: p50 %.2f ms)", r.Rows, r.Rate, r.Slots, r.P50MS, r.P90MS, r.P99MS, r.MaxMS, r.FromSend.P50MS)
+	case *benchmark.ClaimDepthResult:
+		var b strings.Builder
+		fmt.Fprintf(&b, "claim-depth: median of %d claims of one row for one slot (%g%% of the rows pending)\n", r.Claims, r.PendingPercent)
+		for _, d := range r.Depths {
+			fmt.Fprintf(&b, "  %11d rows: files.claim_batch %.3f ms, files.claim %.3f ms (p99 %.3f / %.3f ms)\n",
+				d.Rows, d.ClaimBatch.P50MS, d.Claim.P50MS, d.ClaimBatch.P99MS, d.Claim.P99MS)
+		}
+		fmt.Fprintf(&b, "  claim at %d rows / at %d rows: claim_batch %.2fx, claim %.2fx",
+			r.RatioDepths[0], r.RatioDepths[1], r.RatioClaimBatch, r.RatioClaim)
+		return b.String()
+	case *benchmark.HerdResult:
+		return fmt.Sprintf("herd: %d processes x %d idle slots, %d rows one at a time: %.2f claim queries per row, "+
+			"%.3f per process per wake-up (server-side; the runtimes counted %d, %d of them empty)",
+			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost)
+	case *benchmark.EnqueueResult:
+		return fmt.Sprintf("enqueue: %d rows in %.2f s: %.0f rows/s (batches of %d)", r.Rows, r.ElapsedMS/1000, r.RowsPerSec, r.BatchSize)
+	case *benchmark.PipelineResult:
+		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: overhead %.1f%%",
+			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct)
+	}
+	return fmt.Sprint(res)
+}

@@ -1,0 +1,552 @@
+// Command benchreport renders BENCHMARKS.md from the JSON lines that
+// `pgworker bench --json` and the River peer benchmark print, with the
+// machine they ran on, the commands, the figures and the goals:
+//
+//	go run ./internal/cmd/benchreport -commands commands.txt -o BENCHMARKS.md pgworker.jsonl river.jsonl
+//
+// make bench runs it (scripts/bench.sh). Each input line is one result
+// object with "system" (pgworker or river) and "mode"; other lines are
+// skipped with a warning.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	commands := flag.String("commands", "", "`file` of the command lines that produced the results, one per line")
+	out := flag.String("o", "", "write the report to `file` (default standard output)")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: benchreport [-commands FILE] [-o FILE] RESULTS.jsonl...")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	var rs []result
+	for _, name := range flag.Args() {
+		got, err := readResults(name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		rs = append(rs, got...)
+	}
+	var cmds []string
+	if *commands != "" {
+		b, err := os.ReadFile(*commands)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(l) != "" {
+				cmds = append(cmds, l)
+			}
+		}
+	}
+	var buf bytes.Buffer
+	render(&buf, &report{results: rs, commands: cmds, machine: thisMachine(), date: time.Now().UTC()})
+	if *out == "" {
+		_, _ = os.Stdout.Write(buf.Bytes())
+		return
+	}
+	if err := os.WriteFile(*out, buf.Bytes(), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one JSON object, kept whole; get reads fields by path.
+type result map[string]any
+
+func (r result) str(key string) string {
+	s, _ := r[key].(string)
+	return s
+}
+
+// num reads a number by a dotted path ("queued.rows_per_sec").
+func (r result) num(path string) (float64, bool) {
+	var v any = map[string]any(r)
+	for _, k := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return 0, false
+		}
+		v = m[k]
+	}
+	f, ok := v.(float64)
+	return f, ok
+}
+
+func (r result) n(path string) float64 {
+	f, _ := r.num(path)
+	return f
+}
+
+func readResults(name string) ([]result, error) {
+	f, err := os.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(os.Stderr, "benchreport: %s does not exist; its results are left out\n", name)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []result
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(sc.Text())
+		if !strings.HasPrefix(text, "{") {
+			continue
+		}
+		var r result
+		if err := json.Unmarshal([]byte(text), &r); err != nil || r.str("system") == "" || r.str("mode") == "" {
+			fmt.Fprintf(os.Stderr, "benchreport: %s:%d: not a benchmark result, skipped\n", name, line)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, sc.Err()
+}
+
+// machine is what the report says about where it ran.
+type machine struct {
+	CPUs     int
+	CPUModel string
+	MemTotal string
+	Kernel   string
+	OS, Arch string
+	Load     string // load averages when the report was written: the run's last 1, 5 and 15 minutes
+}
+
+func thisMachine() machine {
+	m := machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
+				if kb, err := strconv.ParseFloat(f[1], 64); err == nil {
+					m.MemTotal = fmt.Sprintf("%.1f GiB", kb/(1<<20))
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			m.Load = strings.Join(f[:3], ", ")
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+type report struct {
+	results  []result
+	commands []string
+	machine  machine
+	date     time.Time
+}
+
+// find returns the first result of system and mode for which match holds.
+func (rp *report) find(system, mode string, match func(result) bool) result {
+	for _, r := range rp.results {
+		if r.str("system") == system && r.str("mode") == mode && (match == nil || match(r)) {
+			return r
+		}
+	}
+	return nil
+}
+
+func (rp *report) all(system, mode string) []result {
+	var out []result
+	for _, r := range rp.results {
+		if r.str("system") == system && r.str("mode") == mode {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func slots(n float64) func(result) bool {
+	return func(r result) bool { return r.n("slots") == n }
+}
+
+// riverDefault picks River's run with its default fetch cooldown (100ms),
+// else any run with those slots.
+func (rp *report) river(mode string, slotCount float64, tuned bool) result {
+	r := rp.find("river", mode, func(r result) bool {
+		cd := r.n("fetch_cooldown_ms")
+		return r.n("slots") == slotCount && (cd < 100) == tuned
+	})
+	if r == nil && !tuned {
+		r = rp.find("river", mode, slots(slotCount))
+	}
+	return r
+}
+
+// goal is one line of the goals table.
+type goal struct {
+	name, target, measured, verdict string
+}
+
+func (rp *report) goals() []goal {
+	var gs []goal
+	notMeasured := func(name, target, why string) goal {
+		return goal{name, target, why, "not measured"}
+	}
+	// Throughput against River.
+	for _, g := range []struct {
+		slots float64
+		times float64
+	}{{2000, 2}, {100, 10}} {
+		name := fmt.Sprintf("throughput at %s slots", thousands(g.slots))
+		target := fmt.Sprintf("≥ %gx River", g.times)
+		pg := rp.find("pgworker", "throughput", slots(g.slots))
+		rv := rp.river("throughput", g.slots, false)
+		switch {
+		case pg == nil:
+			gs = append(gs, notMeasured(name, target, "no pgworker run at these slots"))
+		case rv == nil:
+			gs = append(gs, notMeasured(name, target, fmt.Sprintf("pgworker %s rows/s; no River run", thousands(pg.n("rows_per_sec")))))
+		default:
+			ratio := pg.n("rows_per_sec") / rv.n("rows_per_sec")
+			gs = append(gs, goal{name, target,
+				fmt.Sprintf("%s vs %s rows/s: %.1fx", thousands(pg.n("rows_per_sec")), thousands(rv.n("rows_per_sec")), ratio),
+				verdict(ratio >= g.times, fmt.Sprintf("%.1fx, not %gx (%.1fx more needed)", ratio, g.times, g.times/ratio))})
+		}
+	}
+	// Pickup latency.
+	if pg := rp.find("pgworker", "latency", nil); pg == nil {
+		gs = append(gs, notMeasured("pickup p50", "< 2 ms", "no pgworker latency run"))
+	} else {
+		p50 := pg.n("p50_ms")
+		gs = append(gs, goal{"pickup p50", "< 2 ms", fmt.Sprintf("%.2f ms", p50),
+			verdict(p50 < 2, fmt.Sprintf("%.2f ms over 2 ms", p50-2))})
+		target := "≥ 20x lower than River"
+		if rv := rp.river("latency", pg.n("slots"), false); rv == nil {
+			gs = append(gs, notMeasured("pickup p50 vs River", target, "no River latency run"))
+		} else {
+			ratio := rv.n("p50_ms") / p50
+			m := fmt.Sprintf("%.2f vs %.2f ms: %.0fx lower", p50, rv.n("p50_ms"), ratio)
+			if tuned := rp.river("latency", pg.n("slots"), true); tuned != nil {
+				m += fmt.Sprintf(" (River with a %g ms fetch cooldown: %.2f ms, %.1fx)", tuned.n("fetch_cooldown_ms"), tuned.n("p50_ms"), tuned.n("p50_ms")/p50)
+			}
+			gs = append(gs, goal{"pickup p50 vs River", target, m, verdict(ratio >= 20, fmt.Sprintf("%.1fx, not 20x", ratio))})
+		}
+	}
+	// Claim at depth.
+	if cd := rp.find("pgworker", "claim-depth", nil); cd == nil {
+		gs = append(gs, notMeasured("claim at 10M rows", "within 2x of 10k", "no claim-depth run"))
+	} else {
+		d, _ := cd["ratio_depths"].([]any)
+		hi, lo := 0.0, 0.0
+		if len(d) == 2 {
+			hi, _ = d[0].(float64)
+			lo, _ = d[1].(float64)
+		}
+		ratio := cd.n("ratio_claim_batch")
+		name := fmt.Sprintf("claim at %s rows vs %s", short(hi), short(lo))
+		gs = append(gs, goal{name, "within 2x", fmt.Sprintf("files.claim_batch %.2fx (files.claim %.2fx)", ratio, cd.n("ratio_claim")),
+			verdict(ratio <= 2, fmt.Sprintf("%.2fx, over 2x", ratio))})
+	}
+	// Herd.
+	if h := rp.find("pgworker", "herd", nil); h == nil {
+		gs = append(gs, notMeasured("herd", "≤ 1 claim query per process per wake-up", "no herd run"))
+	} else {
+		v := h.n("claim_queries_per_process_per_wakeup")
+		gs = append(gs, goal{"herd", "≤ 1 claim query per process per wake-up",
+			fmt.Sprintf("%.3f (%.1f per row, %g processes)", v, h.n("claim_queries_per_row"), h.n("processes")),
+			verdict(v <= 1, fmt.Sprintf("%.2f above 1", v-1))})
+	}
+	// Enqueue.
+	if e := rp.find("pgworker", "enqueue", nil); e == nil {
+		gs = append(gs, notMeasured("enqueue", "≥ 100,000 rows/s", "no enqueue run"))
+	} else {
+		v := e.n("rows_per_sec")
+		gs = append(gs, goal{"enqueue", "≥ 100,000 rows/s", thousands(v) + " rows/s",
+			verdict(v >= 100000, fmt.Sprintf("%.0f%% short of 100,000", (1-v/100000)*100))})
+	}
+	// Pipeline.
+	if p := rp.find("pgworker", "pipeline", nil); p == nil {
+		gs = append(gs, notMeasured("pipeline overhead", "≤ 10%", "no pipeline run"))
+	} else {
+		v := p.n("overhead_pct")
+		gs = append(gs, goal{"pipeline overhead", "≤ 10%",
+			fmt.Sprintf("%.1f%% (%s vs %s rows/s)", v, thousands(p.n("queued.rows_per_sec")), thousands(p.n("direct.rows_per_sec"))),
+			verdict(v <= 10, fmt.Sprintf("%.1f points over 10%%", v-10))})
+	}
+	return gs
+}
+
+func verdict(met bool, miss string) string {
+	if met {
+		return "met"
+	}
+	return "missed: " + miss
+}
+
+func render(w io.Writer, rp *report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("# Benchmarks\n\n")
+	p("Generated by `make bench` on %s: every `pgworker bench` mode and the River peer\n", rp.date.Format("2006-01-02"))
+	p("benchmark (`bench/peers`), one after the other on a throwaway PostgreSQL and MinIO on\n")
+	p("the same machine. Figures from one run; the machine's other load shows in them.\n\n")
+
+	p("## Machine\n\n")
+	m := rp.machine
+	p("| | |\n| --- | --- |\n")
+	p("| CPUs (nproc) | %d", m.CPUs)
+	if m.CPUModel != "" {
+		p(" × %s", m.CPUModel)
+	}
+	p(" |\n")
+	if m.MemTotal != "" {
+		p("| memory | %s |\n", m.MemTotal)
+	}
+	p("| OS | %s/%s", m.OS, m.Arch)
+	if m.Kernel != "" {
+		p(", Linux %s", m.Kernel)
+	}
+	p(" |\n")
+	if m.Load != "" {
+		p("| load average at the end (1, 5, 15 min) | %s |\n", m.Load)
+	}
+	var first result
+	for _, r := range rp.results {
+		if r.str("system") == "pgworker" {
+			first = r
+			break
+		}
+	}
+	if first != nil {
+		p("| PostgreSQL | %s |\n", first.str("postgres_version"))
+		if s, ok := first["postgres_settings"].(map[string]any); ok {
+			p("| PostgreSQL settings | fsync %v, synchronous_commit %v, shared_buffers %v |\n", s["fsync"], s["synchronous_commit"], s["shared_buffers"])
+		}
+		p("| Go | %s |\n", first.str("go_version"))
+		p("| pgworker | %s |\n", first.str("version"))
+	}
+	if rv := rp.find("river", "throughput", nil); rv != nil {
+		p("| River | %s |\n", rv.str("river_version"))
+	}
+	p("\n")
+
+	p("## Goals\n\n")
+	p("| goal | target | measured | |\n| --- | --- | --- | --- |\n")
+	for _, g := range rp.goals() {
+		p("| %s | %s | %s | %s |\n", g.name, g.target, g.measured, g.verdict)
+	}
+	p("\n")
+
+	p("## Reading the figures\n\n")
+	p("- PostgreSQL, MinIO, the backend programs and the benchmark share the machine's cores.\n")
+	p("  Where the database is the bottleneck (throughput at many slots, enqueue), the figures\n")
+	p("  are those of this machine's PostgreSQL, not of a dedicated server; and every database\n")
+	p("  round trip stretches while the cores are saturated.\n")
+	p("- The throwaway cluster runs with fsync off: commits cost no disk flush, for pgworker\n")
+	p("  and River alike.\n")
+	p("- The load average above tells how much else ran meanwhile; figures of a loaded machine\n")
+	p("  vary by tens of percent from run to run, River's as much as pgworker's.\n\n")
+
+	if len(rp.commands) > 0 {
+		p("## Commands\n\n")
+		p("The database and object store come from the environment (`PGWORKER_DATABASE_URL`,\n")
+		p("`PGWORKER_S3_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); riverbench\n")
+		p("reads `PGWORKER_DATABASE_URL` too and works in a database of its own beside it.\n\n```sh\n")
+		for _, c := range rp.commands {
+			p("%s\n", c)
+		}
+		p("```\n\n")
+	}
+
+	p("## Results\n\n")
+	renderThroughput(p, rp)
+	renderLatency(p, rp)
+	renderClaimDepth(p, rp)
+	renderHerd(p, rp)
+	renderEnqueue(p, rp)
+	renderPipeline(p, rp)
+
+	p("## Raw results\n\n<details><summary>JSON, one result per line</summary>\n\n```json\n")
+	for _, r := range rp.results {
+		b, _ := json.Marshal(r)
+		p("%s\n", b)
+	}
+	p("```\n\n</details>\n")
+}
+
+type printer func(format string, args ...any)
+
+func renderThroughput(p printer, rp *report) {
+	pg, rv := rp.all("pgworker", "throughput"), rp.all("river", "throughput")
+	if len(pg)+len(rv) == 0 {
+		return
+	}
+	p("### Throughput\n\n")
+	p("Rows inserted beforehand (not timed), burnt down by a no-op handler; the clock stops\n")
+	p("when the last outcome is recorded. pgworker's clock starts when the paused queue is\n")
+	p("resumed, with the worker already started (its start is `start_ms`); River's when its\n")
+	p("client starts.\n\n")
+	p("| system | rows | slots | rows/s | elapsed | claim queries | setup |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, r := range pg {
+		p("| pgworker | %s | %s | **%s** | %.2f s | %s | pool of %g, start %.0f ms |\n", thousands(r.n("rows")), thousands(r.n("slots")),
+			thousands(r.n("rows_per_sec")), r.n("elapsed_ms")/1000, thousands(r.n("claims")), r.n("max_conns"), r.n("start_ms"))
+	}
+	for _, r := range rv {
+		p("| River | %s | %s | **%s** | %.2f s | | pool of %g, fetch cooldown %g ms, poll %g ms |\n", thousands(r.n("rows")), thousands(r.n("slots")),
+			thousands(r.n("rows_per_sec")), r.n("elapsed_ms")/1000, r.n("max_conns"), r.n("fetch_cooldown_ms"), r.n("fetch_poll_interval_ms"))
+	}
+	p("\n")
+}
+
+func renderLatency(p printer, rp *report) {
+	pg, rv := rp.all("pgworker", "latency"), rp.all("river", "latency")
+	if len(pg)+len(rv) == 0 {
+		return
+	}
+	p("### Pickup latency\n\n")
+	p("Rows inserted one at a time (one transaction each) at a steady rate while every slot\n")
+	p("is idle; the time from the insert's commit returning to the handler's start (from\n")
+	p("sending the insert in the last column).\n\n")
+	p("| system | rows | rate | slots | p50 | p90 | p99 | max | p50 from send | setup |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	row := func(name string, r result, setup string) {
+		p("| %s | %s | %g/s | %g | **%.2f ms** | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %s |\n", name, thousands(r.n("rows")), r.n("rate"), r.n("slots"),
+			r.n("p50_ms"), r.n("p90_ms"), r.n("p99_ms"), r.n("max_ms"), r.n("from_send.p50_ms"), setup)
+	}
+	for _, r := range pg {
+		row("pgworker", r, "")
+	}
+	for _, r := range rv {
+		row("River", r, fmt.Sprintf("fetch cooldown %g ms", r.n("fetch_cooldown_ms")))
+	}
+	p("\n")
+}
+
+func renderClaimDepth(p printer, rp *report) {
+	r := rp.find("pgworker", "claim-depth", nil)
+	if r == nil {
+		return
+	}
+	p("### Claim at depth\n\n")
+	p("The time of one committed claim of one row for one slot, with the table grown to each\n")
+	p("size (%g%% of the rows pending, the rest done); median of %g claims of each function,\n", r.n("pending_percent"), r.n("claims"))
+	p("client round trip on the same machine. The server column is the server's own mean per\n")
+	p("call (pg_stat_user_functions). The runtime claims with `files.claim_batch`.\n\n")
+	p("| rows | pending | build | claim_batch p50 | p99 | server | claim p50 | p99 | server |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	ds, _ := r["depths"].([]any)
+	for _, x := range ds {
+		m, _ := x.(map[string]any)
+		d := result(m)
+		p("| %s | %s | %.1f s | **%.3f ms** | %.3f ms | %s | %.3f ms | %.3f ms | %s |\n", thousands(d.n("rows")), thousands(d.n("pending")), d.n("build_ms")/1000,
+			d.n("claim_batch.p50_ms"), d.n("claim_batch.p99_ms"), optMS(d, "claim_batch_server_ms"),
+			d.n("claim.p50_ms"), d.n("claim.p99_ms"), optMS(d, "claim_server_ms"))
+	}
+	p("\nRatio of the medians, largest depth over smallest: claim_batch %.2fx, claim %.2fx.\n\n", r.n("ratio_claim_batch"), r.n("ratio_claim"))
+}
+
+func optMS(r result, key string) string {
+	if v, ok := r.num(key); ok {
+		return fmt.Sprintf("%.3f ms", v)
+	}
+	return "–"
+}
+
+func renderHerd(p printer, rp *report) {
+	r := rp.find("pgworker", "herd", nil)
+	if r == nil {
+		return
+	}
+	p("### Herd\n\n")
+	p("%g worker runtimes in one process, each with its own pool and LISTEN connection, %g idle\n", r.n("processes"), r.n("slots"))
+	p("slots each; %g rows inserted one at a time, each once the previous one was taken and\n", r.n("rows"))
+	p("%g ms passed. Claim queries counted by the server (pg_stat_user_functions) and by the\n", r.n("interval_ms"))
+	p("runtimes.\n\n")
+	p("| claim_batch calls | claim calls | per row | per process per wake-up | runtimes' count | of them empty | most from one process, per row |\n")
+	p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	p("| %s | %s | %.2f | **%.3f** | %s | %s | %.2f |\n\n", thousands(r.n("claim_batch_calls")), thousands(r.n("claim_calls")), r.n("claim_queries_per_row"),
+		r.n("claim_queries_per_process_per_wakeup"), thousands(r.n("client_claims")), thousands(r.n("client_races_lost")), r.n("max_process_claims_per_row"))
+}
+
+func renderEnqueue(p printer, rp *report) {
+	rs := rp.all("pgworker", "enqueue")
+	if len(rs) == 0 {
+		return
+	}
+	p("### Enqueue\n\n")
+	p("`pgworker enqueue` itself, fed generated sources on standard input; connecting included.\n\n")
+	p("| rows | batch size | elapsed | rows/s |\n| ---: | ---: | ---: | ---: |\n")
+	for _, r := range rs {
+		p("| %s | %s | %.2f s | **%s** |\n", thousands(r.n("rows")), thousands(r.n("batch_size")), r.n("elapsed_ms")/1000, thousands(r.n("rows_per_sec")))
+	}
+	p("\n")
+}
+
+func renderPipeline(p printer, rp *report) {
+	rs := rp.all("pgworker", "pipeline")
+	if len(rs) == 0 {
+		return
+	}
+	p("### Pipeline\n\n")
+	p("Download, run the backend, upload, on objects in MinIO: through the queue and the worker\n")
+	p("runtime, and as a loop calling the same pipeline handler on synthetic jobs with no queue.\n\n")
+	p("| rows | object | slots | backend | queued rows/s | direct rows/s | overhead |\n| ---: | ---: | ---: | --- | ---: | ---: | ---: |\n")
+	for _, r := range rs {
+		p("| %s | %s B | %g | `%s` | %s | %s | **%.1f%%** |\n", thousands(r.n("rows")), thousands(r.n("object_bytes")), r.n("slots"), r.str("exec"),
+			thousands(r.n("queued.rows_per_sec")), thousands(r.n("direct.rows_per_sec")), r.n("overhead_pct"))
+	}
+	p("\n")
+}
+
+// thousands formats n rounded, with thin separators: 12,345.
+func thousands(n float64) string {
+	s := strconv.FormatFloat(n, 'f', 0, 64)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// short formats a row count as 10k or 10M.
+func short(n float64) string {
+	switch {
+	case n >= 1e6 && int64(n)%1e6 == 0:
+		return fmt.Sprintf("%dM", int64(n)/1e6)
+	case n >= 1e3 && int64(n)%1e3 == 0:
+		return fmt.Sprintf("%dk", int64(n)/1e3)
+	}
+	return thousands(n)
+}

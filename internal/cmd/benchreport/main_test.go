@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const sample = `{"mode":"throughput","system":"pgworker","version":"devel","go_version":"go1.26.8","postgres_version":"15.18","postgres_settings":{"fsync":"off","synchronous_commit":"on","shared_buffers":"256MB"},"rows":20000,"slots":100,"max_conns":8,"elapsed_ms":2000,"rows_per_sec":10000,"claims":90,"start_ms":40}
+{"mode":"throughput","system":"pgworker","rows":50000,"slots":2000,"rows_per_sec":3000,"elapsed_ms":16000}
+{"mode":"latency","system":"pgworker","rows":500,"rate":50,"slots":100,"p50_ms":1.5,"p90_ms":2,"p99_ms":3,"max_ms":4,"from_send":{"p50_ms":2}}
+{"mode":"claim-depth","system":"pgworker","claims":200,"pending_percent":1,"depths":[{"rows":10000,"pending":100,"build_ms":100,"claim_batch":{"p50_ms":0.5},"claim":{"p50_ms":0.4},"claim_batch_server_ms":0.3}],"ratio_claim_batch":2.5,"ratio_claim":1.1,"ratio_depths":[10000000,10000]}
+{"mode":"herd","system":"pgworker","processes":20,"slots":50,"rows":100,"claim_queries_per_row":20,"claim_queries_per_process_per_wakeup":1}
+{"mode":"enqueue","system":"pgworker","rows":1000000,"batch_size":10000,"elapsed_ms":8000,"rows_per_sec":125000}
+not json: a log line
+{"mode":"throughput","system":"river","river_version":"v0.51.2","rows":20000,"slots":100,"fetch_cooldown_ms":100,"rows_per_sec":1000}
+{"mode":"throughput","system":"river","rows":50000,"slots":2000,"fetch_cooldown_ms":100,"rows_per_sec":2000}
+{"mode":"latency","system":"river","rows":500,"slots":100,"fetch_cooldown_ms":100,"p50_ms":45}
+{"mode":"latency","system":"river","rows":500,"slots":100,"fetch_cooldown_ms":1,"p50_ms":3}
+`
+
+func TestGoals(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "results.jsonl")
+	if err := os.WriteFile(path, []byte(sample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := readResults(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 10 {
+		t.Fatalf("read %d results, want 10", len(rs))
+	}
+	rp := &report{results: rs, commands: []string{"pgworker bench throughput --rows 20000 --slots 100 --json"}, date: time.Now()}
+	want := map[string]string{
+		"throughput at 2,000 slots": "missed: 1.5x, not 2x (1.3x more needed)",
+		"throughput at 100 slots":   "met",
+		"pickup p50":                "met",
+		"pickup p50 vs River":       "met",
+		"claim at 10M rows vs 10k":  "missed: 2.50x, over 2x",
+		"herd":                      "met",
+		"enqueue":                   "met",
+		"pipeline overhead":         "not measured",
+	}
+	for _, g := range rp.goals() {
+		if w, ok := want[g.name]; !ok || g.verdict != w {
+			t.Errorf("goal %q: %q (%s), want %q", g.name, g.verdict, g.measured, w)
+		}
+		delete(want, g.name)
+	}
+	for name := range want {
+		t.Errorf("goal %q missing", name)
+	}
+
+	var b bytes.Buffer
+	render(&b, rp)
+	out := b.String()
+	for _, s := range []string{"## Machine", "| PostgreSQL | 15.18 |", "fsync off", "## Goals", "## Commands",
+		"pgworker bench throughput --rows 20000", "### Throughput", "| River | 20,000 | 100 | **1,000** |",
+		"### Claim at depth", "| 10,000 | 100 |", "0.300 ms", "### Herd", "### Enqueue", "**125,000**", "## Raw results"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+	// The raw results are valid JSON lines.
+	raw := out[strings.Index(out, "```json\n")+8:]
+	raw = raw[:strings.Index(raw, "```")]
+	for _, l := range strings.Split(strings.TrimSpace(raw), "\n") {
+		if !json.Valid([]byte(l)) {
+			t.Errorf("raw line %q is not JSON", l)
+		}
+	}
+}
+
+func TestThousands(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567.6: "1,234,568", -4500: "-4,500"} {
+		if got := thousands(in); got != want {
+			t.Errorf("thousands(%g) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[float64]string{10000: "10k", 1e7: "10M", 1500: "1,500"} {
+		if got := short(in); got != want {
+			t.Errorf("short(%g) = %q, want %q", in, got, want)
+		}
+	}
+}

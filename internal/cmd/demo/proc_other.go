@@ -1,0 +1,11 @@
+//go:build !linux
+
+package main
+
+import "syscall"
+
+// childAttr puts a worker in a process group of its own, so that a Ctrl-C in
+// the terminal reaches the demo alone, which then stops the workers in order.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}

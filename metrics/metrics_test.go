@@ -1,0 +1,421 @@
+package metrics_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/metrics"
+	"github.com/pgworker/pgworker/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// handler completes "ok-*" rows, reporting 250ms of processing, and fails
+// the others for good.
+var handler = worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+	if strings.HasPrefix(job.Source, "ok-") {
+		return &worker.Result{Output: "done", Duration: 250 * time.Millisecond}, nil
+	}
+	return &worker.Result{Duration: 100 * time.Millisecond}, worker.Permanent(errors.New("bad input"))
+})
+
+// stack is a worker whose metrics are served on a free port.
+type stack struct {
+	pool *pgxpool.Pool
+	w    *worker.Worker
+	m    *metrics.Metrics
+	base string // http://127.0.0.1:PORT
+}
+
+func newStack(t *testing.T, cfg *metrics.Config) *stack {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	m := metrics.New(pool, cfg)
+	srv := metrics.NewServer(m.Handler(), &metrics.ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(context.Background()); err != nil {
+			t.Errorf("stop server: %v", err)
+		}
+	})
+	w, err := worker.New(pool, &worker.Config{
+		Handler: handler, Slots: 4, Observer: m, SafetyNet: time.Hour,
+		HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stack{pool: pool, w: w, m: m, base: "http://" + srv.Addr()}
+}
+
+func (s *stack) start(t *testing.T) {
+	t.Helper()
+	s.m.Watch(s.w)
+	if err := s.w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.w.Stop(ctx); err != nil {
+			t.Errorf("stop worker: %v", err)
+		}
+	})
+	waitFor(t, "the worker to listen", func() bool { s := s.w.Stats(); return s.Listening && s.Claims >= 1 })
+}
+
+func (s *stack) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := s.pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// client keeps no idle connections, which would outlive the tests.
+var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// samples is a scrape: each sample's value under its name and sorted labels,
+// e.g. `pgworker_rows_failed_total{final="true",queue="default"}`.
+type samples map[string]float64
+
+func (s *stack) scrape(t *testing.T) samples {
+	t.Helper()
+	code, body := get(t, s.base+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d\n%s", code, body)
+	}
+	return parse(t, body)
+}
+
+func parse(t *testing.T, body string) samples {
+	t.Helper()
+	out := samples{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("bad sample line %q", line)
+		}
+		key := line[:i]
+		if name, labels, ok := strings.Cut(key, "{"); ok {
+			pairs := strings.Split(strings.TrimSuffix(labels, "}"), ",")
+			sort.Strings(pairs)
+			key = name + "{" + strings.Join(pairs, ",") + "}"
+		}
+		out[key] = v
+	}
+	return out
+}
+
+func (m samples) value(t *testing.T, key string) float64 {
+	t.Helper()
+	v, ok := m[key]
+	if !ok {
+		t.Fatalf("no sample %s in the scrape", key)
+	}
+	return v
+}
+
+func (m samples) want(t *testing.T, key string, want float64) {
+	t.Helper()
+	if got := m.value(t, key); got != want {
+		t.Errorf("%s = %v, want %v", key, got, want)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A real scrape of a running worker: every metric is there, and the row
+// counters, the duration histogram, the process counters and the queue
+// gauges move with the work.
+func TestScrapeFollowsTheWork(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, &metrics.Config{QueueRefresh: time.Nanosecond})
+	s.start(t)
+	s.exec(t, "SELECT files.pause_queue('held')")
+	s.exec(t, "INSERT INTO files.files (queue, source) SELECT 'held', 'held-' || g FROM generate_series(1, 3) g")
+
+	before := s.scrape(t)
+	for _, name := range []string{
+		"pgworker_slots", "pgworker_slots_busy", "pgworker_slots_idle", "pgworker_claim_queries_total",
+		"pgworker_claim_races_lost_total", "pgworker_claim_serialization_failures_total", "pgworker_claim_errors_total",
+		"pgworker_lease_losses_total", "pgworker_listener_up", "pgworker_listener_reconnects_total",
+		"pgworker_heartbeats_total", "pgworker_heartbeat_errors_total", "pgworker_reaped_rows_total",
+		"pgworker_scaling_needed_nodes", "pgworker_scaling_desired_nodes", "pgworker_scaling_backlog_per_instance",
+		"pgworker_queue_stats_reads_total", "pgworker_queue_stats_errors_total", "pgworker_queue_stats_age_seconds",
+		"go_goroutines", "process_resident_memory_bytes",
+	} {
+		before.value(t, name)
+	}
+	before.want(t, "pgworker_slots", 4)
+	before.want(t, "pgworker_slots_idle", 4)
+	before.want(t, "pgworker_listener_up", 1)
+	before.want(t, `pgworker_queue_pending_rows{queue="held"}`, 3)
+	before.want(t, `pgworker_queue_paused{queue="held"}`, 1)
+	if v := before.value(t, `pgworker_queue_oldest_pending_age_seconds{queue="held"}`); v <= 0 {
+		t.Errorf("oldest pending age %v, want > 0", v)
+	}
+	for _, absent := range []string{`pgworker_rows_done_total{queue="default"}`, "pgworker_scaling_mean_attempt_seconds"} {
+		if _, ok := before[absent]; ok {
+			t.Errorf("%s before any row", absent)
+		}
+	}
+
+	s.exec(t, "INSERT INTO files.files (source) SELECT 'ok-' || g FROM generate_series(1, 5) g")
+	s.exec(t, "INSERT INTO files.files (source, queue) VALUES ('bad-1', 'default'), ('bad-2', 'other')")
+	waitFor(t, "the rows to end", func() bool { st := s.w.Stats(); return st.Done == 5 && st.Failed == 2 && st.BusySlots == 0 })
+
+	after := s.scrape(t)
+	after.want(t, `pgworker_rows_claimed_total{queue="default"}`, 6)
+	after.want(t, `pgworker_rows_claimed_total{queue="other"}`, 1)
+	after.want(t, `pgworker_rows_done_total{queue="default"}`, 5)
+	after.want(t, `pgworker_rows_failed_total{final="true",queue="default"}`, 1)
+	after.want(t, `pgworker_rows_failed_total{final="true",queue="other"}`, 1)
+	after.want(t, `pgworker_backend_duration_seconds_count{outcome="done",queue="default"}`, 5)
+	after.want(t, `pgworker_backend_duration_seconds_sum{outcome="done",queue="default"}`, 1.25)
+	after.want(t, `pgworker_backend_duration_seconds_bucket{le="0.25",outcome="done",queue="default"}`, 5)
+	after.want(t, `pgworker_backend_duration_seconds_bucket{le="0.1",outcome="done",queue="default"}`, 0)
+	after.want(t, `pgworker_backend_duration_seconds_count{outcome="failed",queue="other"}`, 1)
+	after.want(t, "pgworker_slots_busy", 0)
+	if a, b := after.value(t, "pgworker_claim_queries_total"), before.value(t, "pgworker_claim_queries_total"); a <= b {
+		t.Errorf("claim queries did not move: %v then %v", b, a)
+	}
+	if a, b := after.value(t, "pgworker_heartbeats_total"), before.value(t, "pgworker_heartbeats_total"); a <= b {
+		t.Errorf("heartbeats did not move: %v then %v", b, a)
+	}
+	if a, b := after.value(t, "pgworker_queue_stats_reads_total"), before.value(t, "pgworker_queue_stats_reads_total"); a != b+1 {
+		t.Errorf("queue gauges read %v times between two scrapes, want once (refresh 1ns)", a-b)
+	}
+	after.want(t, `pgworker_queue_pending_rows{queue="default"}`, 0)
+	after.want(t, `pgworker_queue_paused{queue="default"}`, 0)
+	after.want(t, `pgworker_queue_pending_rows{queue="held"}`, 3)
+	// Nothing outstanding but a paused queue's rows: no node needed; and now
+	// a mean attempt time is known.
+	after.want(t, "pgworker_scaling_needed_nodes", 0)
+	after.want(t, "pgworker_scaling_desired_nodes", 0)
+	if v := after.value(t, "pgworker_scaling_mean_attempt_seconds"); v <= 0 {
+		t.Errorf("mean attempt seconds %v", v)
+	}
+	after.value(t, "pgworker_scaling_target_backlog_per_instance")
+
+	// The listener's connection is cut: it comes back, and the counter says so.
+	var n int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'pgworker listener'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("terminated %d listen connections: %v", n, err)
+	}
+	waitFor(t, "the listener to reconnect", func() bool { return s.w.Stats().ListenerReconnects == 1 && s.w.Stats().Listening })
+	s.scrape(t).want(t, "pgworker_listener_reconnects_total", 1)
+}
+
+// Scrapes within the refresh interval get the cached queue gauges: 20
+// nodes scraping every few seconds cost the database one query per node and
+// interval.
+func TestQueueGaugesAreReadOncePerInterval(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, &metrics.Config{QueueRefresh: time.Hour})
+	s.exec(t, "SELECT files.pause_queue('q')")
+	s.exec(t, "INSERT INTO files.files (queue, source) VALUES ('q', 'a')")
+	first := s.scrape(t)
+	first.want(t, "pgworker_queue_stats_reads_total", 1)
+	first.want(t, `pgworker_queue_pending_rows{queue="q"}`, 1)
+
+	s.exec(t, "INSERT INTO files.files (queue, source) VALUES ('q', 'b')")
+	for range 5 {
+		again := s.scrape(t)
+		again.want(t, "pgworker_queue_stats_reads_total", 1)
+		again.want(t, `pgworker_queue_pending_rows{queue="q"}`, 1)
+	}
+}
+
+// A failed read keeps the last gauges, counts the error and says so once in
+// the log; the next read after the interval recovers.
+func TestQueueGaugesSurviveAFailedRead(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, &metrics.Config{QueueRefresh: time.Nanosecond})
+	s.exec(t, "INSERT INTO files.files (source) VALUES ('a')")
+	s.scrape(t).want(t, `pgworker_queue_pending_rows{queue="default"}`, 1)
+
+	s.exec(t, "ALTER VIEW files.scaling_hint RENAME TO scaling_hint_away")
+	broken := s.scrape(t)
+	broken.want(t, "pgworker_queue_stats_errors_total", 1)
+	broken.want(t, `pgworker_queue_pending_rows{queue="default"}`, 1)
+
+	s.exec(t, "ALTER VIEW files.scaling_hint_away RENAME TO scaling_hint")
+	s.exec(t, "INSERT INTO files.files (source) VALUES ('b')")
+	fixed := s.scrape(t)
+	fixed.want(t, "pgworker_queue_stats_errors_total", 1)
+	fixed.want(t, `pgworker_queue_pending_rows{queue="default"}`, 2)
+	if age := fixed.value(t, "pgworker_queue_stats_age_seconds"); age > 5 {
+		t.Errorf("queue gauges %vs old after a successful read", age)
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil)
+	if code, body := get(t, s.base+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	// No worker yet: not ready.
+	if code, body := get(t, s.base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "no worker started yet") {
+		t.Errorf("/readyz before the worker: %d %q", code, body)
+	}
+	s.start(t)
+	if code, body := get(t, s.base+"/readyz"); code != http.StatusOK || !strings.HasPrefix(body, "ready") {
+		t.Errorf("/readyz: %d %q", code, body)
+	}
+	if code, body := get(t, s.base+"/"); code != http.StatusOK || !strings.Contains(body, "/metrics") {
+		t.Errorf("/: %d %q", code, body)
+	}
+	if code, _ := get(t, s.base+"/nope"); code != http.StatusNotFound {
+		t.Errorf("/nope: %d", code)
+	}
+
+	// A database nobody answers for: alive, not ready, and it says why.
+	down := closedPool(t)
+	m := metrics.New(down, &metrics.Config{QueryTimeout: 2 * time.Second})
+	m.Watch(s.w)
+	srv := metrics.NewServer(m.Handler(), &metrics.ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(context.Background())
+	if code, _ := get(t, "http://"+srv.Addr()+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with the database down: %d", code)
+	}
+	if code, body := get(t, "http://"+srv.Addr()+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "database:") {
+		t.Errorf("/readyz with the database down: %d %q", code, body)
+	}
+	// The scrape still answers, with the errors counted.
+	code, body := get(t, "http://"+srv.Addr()+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics with the database down: %d", code)
+	}
+	parse(t, body).want(t, "pgworker_queue_stats_errors_total", 1)
+}
+
+// closedPool is a pool on a port nobody listens on.
+func closedPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@"+addr+"/none?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Stop lets a request in progress finish, then the port is closed.
+func TestServerStopsGracefully(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		fmt.Fprint(w, "finished")
+	})
+	srv := metrics.NewServer(h, &metrics.ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	addr := srv.Addr()
+	if strings.HasSuffix(addr, ":0") {
+		t.Fatalf("Addr %s: want the port picked", addr)
+	}
+	if err := srv.Start(context.Background()); err == nil {
+		t.Error("a second Start succeeded")
+	}
+	busy := metrics.NewServer(h, &metrics.ServerConfig{Addr: addr})
+	if err := busy.Start(context.Background()); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Errorf("Start on a port in use: %v", err)
+	}
+
+	type reply struct {
+		body string
+		err  error
+	}
+	replies := make(chan reply, 1)
+	go func() {
+		resp, err := client.Get("http://" + addr + "/")
+		if err != nil {
+			replies <- reply{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		replies <- reply{string(b), err}
+	}()
+	<-entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Stop(context.Background()) }()
+	waitFor(t, "the port to close", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while a request was in progress", err)
+	default:
+	}
+	close(release)
+	if r := <-replies; r.err != nil || r.body != "finished" {
+		t.Errorf("the request in progress: %q %v", r.body, r.err)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+}

@@ -1,0 +1,75 @@
+#!/bin/sh
+# Runs every pgworker bench mode and the River peer benchmark (bench/peers),
+# one after the other, and writes BENCHMARKS.md. `make bench` runs it through
+# internal/cmd/testenv, which starts a throwaway PostgreSQL (TEST_DATABASE_URL)
+# and MinIO (PGWORKER_S3_ENDPOINT, AWS_*) with a bucket pgworker-bench.
+#
+# The sizes below finish in about ten minutes on two cores; the slowest part
+# is building the ten-million-row table of claim-depth, which BENCH_DEPTHS
+# can shorten (BENCH_DEPTHS=10000,1000000). BENCH_OUT names the report
+# (default BENCHMARKS.md).
+set -eu
+cd "$(dirname "$0")/.."
+: "${TEST_DATABASE_URL:?run this through make bench, which starts PostgreSQL}"
+: "${PGWORKER_S3_ENDPOINT:?run this through make bench, which starts MinIO}"
+depths=${BENCH_DEPTHS:-10000,1000000,10000000}
+report=${BENCH_OUT:-BENCHMARKS.md}
+psql=psql
+if [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/psql" ]; then
+	psql=$PG_BINDIR/psql
+fi
+
+# A database of the run's own, beside TEST_DATABASE_URL's, dropped at the end.
+db=pgworker_bench_$$
+PGWORKER_DATABASE_URL=$(printf '%s' "$TEST_DATABASE_URL" | sed -E "s#^([a-z]+://[^/]*)/[^?]*#\1/$db#")
+export PGWORKER_DATABASE_URL PGWORKER_LOG_FORMAT=text
+out=$(mktemp -d)
+cleanup() {
+	"$psql" "$TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+	rm -rf "$out"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+"$psql" "$TEST_DATABASE_URL" -qc "CREATE DATABASE $db"
+go build -o "$out/pgworker" ./cmd/pgworker
+"$out/pgworker" migrate up --log-level warn >/dev/null
+
+# A failed run is reported and left out; the others still make the report.
+failed=
+# pgworker runs one mode, recording its command line and its JSON.
+pgworker() {
+	echo "pgworker $*" >>"$out/commands"
+	echo "== pgworker $*" >&2
+	"$out/pgworker" "$@" >>"$out/pgworker.jsonl" || { echo "FAILED: pgworker $*" >&2; failed=1; }
+}
+
+pgworker bench throughput --rows 20000 --slots 100 --json
+pgworker bench throughput --rows 50000 --slots 2000 --json
+pgworker bench latency --rows 500 --rate 50 --slots 100 --json
+pgworker bench claim-depth --depths "$depths" --claims 200 --json
+pgworker bench herd --processes 20 --slots 50 --rows 100 --json
+pgworker bench enqueue --rows 1000000 --json
+pgworker bench pipeline --rows 2000 --slots 8 --input-store s3://pgworker-bench/in --output-store s3://pgworker-bench/out --json
+
+# The River peer benchmark: the same workloads on River, in a throwaway
+# database of its own beside ours (it reads PGWORKER_DATABASE_URL).
+if [ -d bench/peers/cmd/riverbench ]; then
+	river() {
+		echo "cd bench/peers && go run ./cmd/riverbench $*" >>"$out/commands"
+		echo "== riverbench $*" >&2
+		(cd bench/peers && go run ./cmd/riverbench "$@") >>"$out/river.jsonl" || { echo "FAILED: riverbench $*" >&2; failed=1; }
+	}
+	river throughput --rows 20000 --slots 100 --json
+	river throughput --rows 50000 --slots 2000 --json
+	river latency --rows 500 --rate 50 --slots 100 --json
+	river latency --rows 500 --rate 50 --slots 100 --tuned --json
+else
+	echo "bench/peers is missing: the River figures are left out of $report" >&2
+fi
+
+go run ./internal/cmd/benchreport -commands "$out/commands" -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
+echo "wrote $report" >&2
+if [ -n "$failed" ]; then
+	echo "some runs failed (see FAILED above); their figures are missing from $report" >&2
+	exit 1
+fi
