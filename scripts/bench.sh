@@ -67,7 +67,7 @@ else
 	echo "bench/peers is missing: the River figures are left out of $report" >&2
 fi
 
-go run ./internal/cmd/benchreport -commands "$out/commands" -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
+go run ./internal/cmd/benchreport -commands "$out/commands" -append bench/other-measurements.md -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
 echo "wrote $report" >&2
 if [ -n "$failed" ]; then
 	echo "some runs failed (see FAILED above); their figures are missing from $report" >&2

@@ -27,6 +27,7 @@ import (
 func main() {
 	commands := flag.String("commands", "", "`file` of the command lines that produced the results, one per line")
 	out := flag.String("o", "", "write the report to `file` (default standard output)")
+	appendix := flag.String("append", "", "append the Markdown `file` (measurements made by other means) to the report")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: benchreport [-commands FILE] [-o FILE] RESULTS.jsonl...")
 		flag.PrintDefaults()
@@ -60,6 +61,15 @@ func main() {
 	}
 	var buf bytes.Buffer
 	render(&buf, &report{results: rs, commands: cmds, machine: thisMachine(), date: time.Now().UTC()})
+	if *appendix != "" {
+		b, err := os.ReadFile(*appendix)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
+		buf.WriteString("\n")
+		buf.Write(b)
+	}
 	if *out == "" {
 		_, _ = os.Stdout.Write(buf.Bytes())
 		return
