@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/pgworker/pgworker/internal/testutil"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -49,13 +50,7 @@ func settled(t testing.TB, w *worker.Worker) {
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 30*time.Second, what, cond)
 }
 
 func insert(t testing.TB, pool *pgxpool.Pool, n int) []int64 {

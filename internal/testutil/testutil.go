@@ -1,0 +1,42 @@
+// Package testutil holds the small helpers that the tests of several packages
+// share: waiting for a condition, and a log buffer safe for concurrent writers.
+package testutil
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond every few milliseconds until it holds, failing the test
+// with what it waited for when timeout passes first.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// SyncBuffer is a bytes.Buffer that many goroutines may write to, such as
+// the output of a logger under test.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
