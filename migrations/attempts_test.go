@@ -1,0 +1,164 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+// Every way an attempt ends writes its one history row, at that moment, with
+// the claim time of the attempt as started_at; a running attempt has none.
+func TestAttemptHistoryAtOutcome(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	mustExec(t, pool, "SELECT files.register_worker('keeper')") // keeps the fleet alive for reap
+	mustExec(t, pool, "SELECT files.register_worker('gone', lease_timeout => '1 second')")
+	mustExec(t, pool, `INSERT INTO files.files (source, priority) VALUES
+		('done', 6), ('failed', 5), ('released', 4), ('cancelled', 3), ('batch', 2), ('lost', 1)`)
+	ids := map[string]int64{}
+	for _, w := range []string{"done", "failed", "released", "cancelled", "batch"} {
+		var id int64
+		if err := pool.QueryRow(ctx, "SELECT id FROM files.claim($1)", w).Scan(&id); err != nil {
+			t.Fatalf("claim for %s: %v", w, err)
+		}
+		ids[w] = id
+	}
+	if err := pool.QueryRow(ctx, "SELECT id FROM files.claim('gone')").Scan(new(int64)); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 0 {
+		t.Fatalf("%d history rows while every attempt runs, want 0", n)
+	}
+	time.Sleep(10 * time.Millisecond) // finished_at must be later than started_at
+
+	if !queryBool(t, pool, `SELECT files.complete($1, 'done', 1, '{"k":1}', '{"exit_code":0,"duration_ms":2.5,"stderr_tail":"ok"}')`, ids["done"]) {
+		t.Fatal("complete refused")
+	}
+	if !queryBool(t, pool, `SELECT files.fail($1, 'failed', 1, 'boom', true, '{"exit_code":3}')`, ids["failed"]) {
+		t.Fatal("fail refused")
+	}
+	if !queryBool(t, pool, "SELECT files.release($1, 'released', 1, 'shutting down')", ids["released"]) {
+		t.Fatal("release refused")
+	}
+	if n := queryInt(t, pool, "SELECT files.cancel($1)", ids["cancelled"]); n != 1 {
+		t.Fatalf("cancel took %d rows", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.complete_many(ARRAY[$1::bigint, $1], ARRAY['batch', 'batch'], ARRAY[1, 1])", ids["batch"]); n != 1 {
+		t.Fatalf("complete_many with an id given twice recorded %d rows, want 1", n)
+	}
+	mustExec(t, pool, "UPDATE files.workers SET last_heartbeat_at = now() - interval '1 minute' WHERE worker_id = 'gone'")
+	mustExec(t, pool, "UPDATE files.files SET lease_expires_at = now() - interval '1 second' WHERE worker_id = 'gone'")
+	if n := queryInt(t, pool, "SELECT files.reap()"); n != 1 {
+		t.Fatalf("reap returned %d rows, want 1", n)
+	}
+
+	rows, err := pool.Query(ctx, `
+		SELECT f.source, a.worker_id, a.attempt, a.outcome, coalesce(a.error, ''), coalesce(a.exit_code, -1),
+		       a.started_at = f.claimed_at, a.finished_at > a.started_at, a.duration IS NOT NULL
+		FROM files.attempts a JOIN files.files f ON f.id = a.file_id ORDER BY f.priority DESC`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type history struct {
+		source, worker string
+		attempt        int
+		outcome, err   string
+		exit           int
+		startedAtClaim bool
+		finishedLater  bool
+		hasDuration    bool
+	}
+	var got []history
+	for rows.Next() {
+		var h history
+		if err := rows.Scan(&h.source, &h.worker, &h.attempt, &h.outcome, &h.err, &h.exit,
+			&h.startedAtClaim, &h.finishedLater, &h.hasDuration); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, h)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []history{
+		{"done", "done", 1, "done", "", 0, true, true, true},
+		{"failed", "failed", 1, "failed", "boom", 3, true, true, true},
+		{"released", "released", 1, "released", "shutting down", -1, true, true, true},
+		{"cancelled", "cancelled", 1, "cancelled", "cancelled", -1, true, true, true},
+		{"batch", "batch", 1, "done", "", -1, true, true, true},
+		{"lost", "gone", 1, "lost", "lost: worker gone stopped heartbeating", -1, true, true, true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("history:\n got %+v\nwant %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("history of %s:\n got %+v\nwant %+v", want[i].source, got[i], want[i])
+		}
+	}
+	var duration, output, tail string
+	if err := pool.QueryRow(ctx, "SELECT duration::text, output::text, stderr_tail FROM files.attempts WHERE file_id = $1",
+		ids["done"]).Scan(&duration, &output, &tail); err != nil {
+		t.Fatal(err)
+	}
+	if duration != "00:00:00.0025" || output != `{"k": 1}` || tail != "ok" {
+		t.Fatalf("done attempt's report: duration %s, output %s, stderr tail %q", duration, output, tail)
+	}
+}
+
+// claim_batch and complete_many stay right under the generic plans that
+// PostgreSQL may switch a function's statements to after a few calls: large
+// batches, a stale element refused by the fence, the others recorded.
+// BenchmarkCompleteMany measures their cost per row under both kinds of plan.
+func TestCompleteManyGenericPlan(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	mustExec(t, conn, "SET plan_cache_mode = force_generic_plan")
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 3000) g")
+	for round := range 3 {
+		var ids []int64
+		var workers []string
+		var attempts []int32
+		rows, err := conn.Query(ctx, "SELECT id, worker_id, attempt FROM files.claim_batch((SELECT array_agg('w' || g) FROM generate_series(1, 1000) g))")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id int64
+			var w string
+			var a int32
+			if err := rows.Scan(&id, &w, &a); err != nil {
+				t.Fatal(err)
+			}
+			ids, workers, attempts = append(ids, id), append(workers, w), append(attempts, a)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != 1000 {
+			t.Fatalf("round %d: claimed %d rows, want 1000", round, len(ids))
+		}
+		// One stale element: the fence refuses it, the others go through.
+		attempts[0]++
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3)", ids, workers, attempts).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 999 {
+			t.Fatalf("round %d: complete_many recorded %d rows, want 999", round, n)
+		}
+		mustExec(t, conn, "SELECT files.release($1, $2, $3)", ids[0], workers[0], attempts[0]-1)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 2997 {
+		t.Fatalf("%d done attempts, want 2997", n)
+	}
+}

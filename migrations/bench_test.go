@@ -1,0 +1,62 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+// BenchmarkCompleteMany measures claim_batch and complete_many together, per
+// row, at two batch sizes and under custom and generic plans: the cost per
+// row should not grow with the batch (it did, quadratically, when a generic
+// plan rescanned the arrays for each row).
+func BenchmarkCompleteMany(b *testing.B) {
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		for _, size := range []int{100, 1000} {
+			b.Run(fmt.Sprintf("plan=%s/batch=%d", mode, size), func(b *testing.B) {
+				pool := pgtest.Pool(b)
+				ctx := context.Background()
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer conn.Release()
+				mustExec(b, conn, "SET plan_cache_mode = "+mode)
+				mustExec(b, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, $1::int) g", b.N*size)
+				mustExec(b, conn, "VACUUM ANALYZE files.files")
+				workers := make([]string, size)
+				for i := range workers {
+					workers[i] = fmt.Sprintf("bench:%d", i)
+				}
+				b.ResetTimer()
+				for range b.N {
+					rows, err := conn.Query(ctx, "SELECT id, worker_id, attempt FROM files.claim_batch($1)", workers)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var ids []int64
+					var held []string
+					var attempts []int32
+					for rows.Next() {
+						var id int64
+						var w string
+						var a int32
+						if err := rows.Scan(&id, &w, &a); err != nil {
+							b.Fatal(err)
+						}
+						ids, held, attempts = append(ids, id), append(held, w), append(attempts, a)
+					}
+					if err := rows.Err(); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := conn.Exec(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3)", ids, held, attempts); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*size), "µs/row")
+			})
+		}
+	}
+}
