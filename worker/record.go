@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,10 +45,36 @@ const (
 
 // report is the attempt report of files.complete and files.fail.
 type report struct {
-	ExitCode   *int            `json:"exit_code,omitempty"`
-	DurationMS float64         `json:"duration_ms"`
-	StderrTail string          `json:"stderr_tail,omitempty"`
-	Output     json.RawMessage `json:"output,omitempty"`
+	ExitCode   *int
+	DurationMS float64
+	StderrTail string
+	Output     json.RawMessage
+}
+
+// marshal encodes the report as files.complete and files.fail read it:
+// {"exit_code":N,"duration_ms":F,"stderr_tail":"...","output":{...}}, the
+// optional members left out when empty. It is on every row's path, so it
+// avoids the reflection of encoding/json but for the strings.
+func (r *report) marshal() string {
+	b := make([]byte, 0, 64+len(r.StderrTail)+len(r.Output))
+	b = append(b, '{')
+	if r.ExitCode != nil {
+		b = append(b, `"exit_code":`...)
+		b = strconv.AppendInt(b, int64(*r.ExitCode), 10)
+		b = append(b, ',')
+	}
+	b = append(b, `"duration_ms":`...)
+	b = strconv.AppendFloat(b, r.DurationMS, 'f', -1, 64)
+	if r.StderrTail != "" {
+		tail, _ := json.Marshal(r.StderrTail) // a string always marshals
+		b = append(b, `,"stderr_tail":`...)
+		b = append(b, tail...)
+	}
+	if len(r.Output) > 0 {
+		b = append(b, `,"output":`...)
+		b = append(b, r.Output...)
+	}
+	return string(append(b, '}'))
 }
 
 // decide turns a handler's return into the outcome to record.
@@ -102,8 +129,7 @@ func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, 
 		}
 	}
 	if o.kind != kindRelease {
-		b, _ := json.Marshal(rep)
-		s := string(b)
+		s := rep.marshal()
 		o.report = &s
 	}
 	return o

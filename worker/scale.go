@@ -23,7 +23,7 @@ func (w *Worker) scale(ctx context.Context) {
 		return
 	}
 	w.mu.Lock()
-	busy, slots := len(w.running), len(w.ids)
+	busy, slots := w.busy, len(w.ids)
 	w.mu.Unlock()
 
 	perBusy := 0.0
@@ -93,7 +93,9 @@ func (w *Worker) shrink(ctx context.Context, n int, perBusy float64) {
 	w.mu.Lock()
 	var gone []string
 	for i := len(w.ids) - 1; i >= 0 && len(gone) < n && len(w.ids)-len(gone) > w.minSlots; i-- {
-		if w.claimer.Remove(w.ids[i]) {
+		// An idle slot may still hold a row whose outcome is on its way:
+		// deregistering it would hand that row back.
+		if w.holding[w.ids[i]] == 0 && w.claimer.Remove(w.ids[i]) {
 			gone = append(gone, w.ids[i])
 		}
 	}

@@ -70,9 +70,6 @@ const (
 	sqlFail       = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::boolean[], $6::jsonb[])`
 )
 
-// recorders is how many statements recording outcomes may run at once.
-const recorders = 2
-
 // stopGrace is how long Stop waits for handlers to return once it has
 // cancelled them.
 const stopGrace = 5 * time.Second
@@ -146,8 +143,10 @@ type Config struct {
 	// row with Release before failing it instead. Defaults to 3.
 	MaxReleases int
 
-	// MaxBatch caps how many outcomes one statement records. Smaller batches
-	// free their slots sooner; two statements may run at once. Defaults to 100.
+	// MaxBatch caps how many outcomes one statement records. One statement
+	// runs at a time, and the outcomes that arrive meanwhile make the next
+	// batch; a slot takes its next row while its outcome waits. Defaults
+	// to 1000.
 	MaxBatch int
 
 	// Observer receives an event when a row starts and when it ends, for
@@ -229,14 +228,17 @@ type Worker struct {
 	handlers      sync.WaitGroup
 	recordCh      chan *outcome
 
-	mu       sync.Mutex
-	ids      []string // the slots, in slot order
-	nextSlot int
-	above    int // consecutive scaling checks above the threshold
-	below    int // consecutive scaling checks below half of it
-	running  map[int64]*task
-	suspects map[heldRow]int // held in the database, unknown here
-	releases map[int64]int   // rows released by Release, in a row
+	mu        sync.Mutex
+	ids       []string // the slots, in slot order
+	nextSlot  int
+	above     int             // consecutive scaling checks above the threshold
+	below     int             // consecutive scaling checks below half of it
+	running   map[int64]*task // rows claimed and not yet settled
+	holding   map[string]int  // per slot: its rows in running
+	busy      int             // handlers running
+	unsettled chan struct{}   // a token per slot freed before its outcome was recorded
+	suspects  map[heldRow]int // held in the database, unknown here
+	releases  map[int64]int   // rows released by Release, in a row
 
 	done, failed, released, lost, cancelled, leaseLosses, orphans, reaped atomic.Uint64
 	heartbeats, heartbeatErrors                                           atomic.Uint64
@@ -292,6 +294,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		claimDone:   make(chan struct{}),
 		recordCh:    make(chan *outcome),
 		running:     map[int64]*task{},
+		holding:     map[string]int{},
 		suspects:    map[heldRow]int{},
 		releases:    map[int64]int{},
 	}
@@ -309,7 +312,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		w.maxReleases = 3
 	}
 	if w.maxBatch <= 0 {
-		w.maxBatch = 100
+		w.maxBatch = 1000
 	}
 	w.maxSlots = max(cfg.MaxSlots, w.minSlots)
 	if w.threshold <= 0 {
@@ -332,6 +335,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		}
 	}
 	w.ids = w.newIDs(w.minSlots)
+	w.unsettled = make(chan struct{}, w.maxSlots)
 	return w, nil
 }
 
@@ -393,9 +397,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.reapEvery > 0 {
 		w.goLoop(w.reapLoop)
 	}
-	for range recorders {
-		w.goLoop(w.recordLoop)
-	}
+	w.goLoop(w.recordLoop)
 	go func() {
 		defer close(w.claimDone)
 		_ = w.claimer.Run(claimCtx, w.deliver)
@@ -539,7 +541,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 // Stats returns the worker's counters.
 func (w *Worker) Stats() Stats {
 	w.mu.Lock()
-	busy, slots := len(w.running), len(w.ids)
+	busy, slots := w.busy, len(w.ids)
 	w.mu.Unlock()
 	s := Stats{
 		Done:            w.done.Load(),
@@ -575,14 +577,26 @@ func (w *Worker) deliver(r claim.Row) {
 	t := &task{row: r, ctx: ctx, cancel: cancel, received: now}
 	w.mu.Lock()
 	w.running[r.ID] = t
+	w.holding[r.WorkerID]++
+	w.busy++
 	w.mu.Unlock()
 	w.handlers.Add(1)
 	go w.execute(t)
 }
 
+// execute runs a row's handler and settles its outcome. The slot is free
+// for the next row as soon as the handler returns, while the outcome waits
+// for its batch: at most one such outcome per slot, so that a slow database
+// holds the slots back instead of piling outcomes up.
 func (w *Worker) execute(t *task) {
 	defer w.handlers.Done()
-	defer w.finish(t)
+	defer w.forget(t)
+	slotFree := false
+	defer func() {
+		if !slotFree {
+			w.freeSlot(t)
+		}
+	}()
 
 	ctx := t.ctx
 	if w.timeout > 0 {
@@ -603,6 +617,7 @@ func (w *Worker) execute(t *task) {
 
 	w.mu.Lock()
 	t.finishing = true
+	w.busy--
 	gone := t.gone
 	w.mu.Unlock()
 	ev := Event{Job: job, Elapsed: elapsed, Duration: elapsed}
@@ -618,7 +633,17 @@ func (w *Worker) execute(t *task) {
 		w.observe(ev)
 		return
 	}
-	w.settle(t, w.decide(t, res, err, elapsed, context.Cause(ctx)), ev)
+	o := w.decide(t, res, err, elapsed, context.Cause(ctx))
+	if o.kind != kindRelease {
+		select {
+		case w.unsettled <- struct{}{}:
+			defer func() { <-w.unsettled }()
+			w.freeSlot(t)
+			slotFree = true
+		default:
+		}
+	}
+	w.settle(t, o, ev)
 }
 
 func (w *Worker) observe(e Event) {
@@ -638,15 +663,26 @@ func (w *Worker) call(ctx context.Context, job *Job) (res *Result, err error) {
 	return w.handler.Handle(ctx, job)
 }
 
-// finish frees the slot.
-func (w *Worker) finish(t *task) {
-	w.mu.Lock()
-	delete(w.running, t.row.ID)
-	w.mu.Unlock()
-	t.cancel(nil)
+// freeSlot lets the slot of t take its next row.
+func (w *Worker) freeSlot(t *task) {
 	if !w.closing.Load() {
 		w.claimer.Free(t.row.WorkerID)
 	}
+}
+
+// forget drops a settled row.
+func (w *Worker) forget(t *task) {
+	w.mu.Lock()
+	delete(w.running, t.row.ID)
+	if w.holding[t.row.WorkerID]--; w.holding[t.row.WorkerID] <= 0 {
+		delete(w.holding, t.row.WorkerID)
+	}
+	if !t.finishing {
+		t.finishing = true
+		w.busy--
+	}
+	w.mu.Unlock()
+	t.cancel(nil)
 }
 
 // onControl handles files_control messages: a cancelled running row stops.
