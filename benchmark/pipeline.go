@@ -147,7 +147,8 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 			return err
 		}
 		defer pool.Close()
-		w, err := b.startWorker(ctx, pool, "pipeline", worker.Config{Handler: h, Slots: c.Slots})
+		outcomes := &outcomeCount{}
+		w, err := b.startWorker(ctx, pool, "pipeline", worker.Config{Handler: h, Slots: c.Slots, Observer: outcomes})
 		if err != nil {
 			return err
 		}
@@ -166,7 +167,7 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 					d += t
 				} else {
 					b.logger.Info("bench: pipeline through the queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-					t, err := b.queued(ctx, w, part)
+					t, err := b.queued(ctx, outcomes, part)
 					if err != nil {
 						return err
 					}
@@ -193,22 +194,18 @@ func rate(rows int, d time.Duration) Rate {
 }
 
 // queued loads a row for each key into the paused queue, resumes it, waits
-// until w has recorded their outcomes, and pauses the queue again. It times
-// the run from the resume to the last outcome.
-func (b *Bench) queued(ctx context.Context, w *worker.Worker, keys []string) (time.Duration, error) {
+// until the worker has recorded their outcomes, and pauses the queue again.
+// It times the run from the resume to the last outcome.
+func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []string) (time.Duration, error) {
 	if err := b.copyRows(ctx, func(i int) string { return keys[i] }, len(keys)); err != nil {
 		return 0, err
 	}
-	s := w.Stats()
-	want := s.Done + s.Failed + uint64(len(keys))
+	want := outcomes.count() + uint64(len(keys))
 	t0 := time.Now()
 	if _, err := b.pool.Exec(ctx, sqlResume, Queue); err != nil {
 		return 0, fmt.Errorf("benchmark: resume queue %s: %w", Queue, err)
 	}
-	err := waitFor(ctx, time.Hour, time.Millisecond, "every row done", func() bool {
-		s := w.Stats()
-		return s.Done+s.Failed >= want
-	})
+	err := outcomes.wait(ctx, want)
 	elapsed := time.Since(t0)
 	if err != nil {
 		return 0, err

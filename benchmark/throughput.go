@@ -71,7 +71,9 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 		defer pool.Close()
 		noop := worker.HandlerFunc(func(context.Context, *worker.Job) (*worker.Result, error) { return nil, nil })
 		t = time.Now()
-		w, err := b.startWorker(ctx, pool, "throughput", worker.Config{Handler: noop, Slots: c.Slots, MaxBatch: c.MaxBatch})
+		outcomes := &outcomeCount{}
+		w, err := b.startWorker(ctx, pool, "throughput", worker.Config{Handler: noop, Slots: c.Slots, MaxBatch: c.MaxBatch,
+			Observer: outcomes})
 		if err != nil {
 			return err
 		}
@@ -84,11 +86,7 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 		if _, err := b.pool.Exec(ctx, sqlResume, Queue); err != nil {
 			return fmt.Errorf("benchmark: resume queue %s: %w", Queue, err)
 		}
-		want := uint64(c.Rows)
-		err = waitFor(ctx, time.Hour, time.Millisecond, "every row done", func() bool {
-			s := w.Stats()
-			return s.Done+s.Failed >= want
-		})
+		err = outcomes.wait(ctx, uint64(c.Rows))
 		elapsed := time.Since(t0)
 		if err != nil {
 			return err
