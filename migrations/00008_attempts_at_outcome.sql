@@ -10,16 +10,6 @@
 -- started_at = the row's claimed_at. files.complete_many records a batch in
 -- one set-based statement instead of one files.complete call per row.
 --
--- The claim functions run with plan_cache_mode = force_generic_plan: each
--- of their statements is planned once per connection, where the default
--- planned most calls afresh (a custom plan looked cheaper for small arrays)
--- and spent more time planning than claiming: a claim and a complete of one
--- row took 1.28 ms, now 1.03 ms. Their statements are written so that the
--- generic plan is one primary-key lookup per row or an index range scan of
--- files_claim_idx, whatever the sizes. complete_many gains as much from it
--- alone, but with both generic, large batches ran 20% slower (measured,
--- not understood), so it keeps the default.
---
 -- Open rows left by the previous functions (attempts running during the
 -- upgrade) are removed: their outcome inserts a complete row. Down puts open
 -- rows back for the running attempts.
@@ -39,7 +29,6 @@ CREATE OR REPLACE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NUL
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -106,7 +95,6 @@ CREATE OR REPLACE FUNCTION files.claim_batch(worker_ids text[], queues text[] DE
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testutil"
 )
 
 type claimed struct {
@@ -59,6 +60,16 @@ func claim(t *testing.T, pool *pgxpool.Pool, worker string, max int) []claimed {
 		t.Fatalf("claim: %v", err)
 	}
 	return out
+}
+
+// upLongerThan waits until the server has been up longer than d: files.reap
+// counts no silence from before the server's start, so a test of reaping
+// with leases of d needs that much uptime (a fresh cluster has seconds).
+func upLongerThan(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
+	t.Helper()
+	testutil.WaitFor(t, d+30*time.Second, "the server to be up longer than "+d.String(), func() bool {
+		return queryBool(t, pool, "SELECT pg_postmaster_start_time() < now() - $1::interval", d.String())
+	})
 }
 
 func sqlState(err error) string {
@@ -497,6 +508,12 @@ func TestNotify(t *testing.T) {
 			t.Fatalf("copy: %d, %v", n, err)
 		}
 	})
+	// reap counts no silence before the server's start: w's lease must be
+	// shorter than the server has been up, and a live keeper tells reap the
+	// fleet was not silent.
+	mustExec(t, pool, "SELECT files.register_worker('keeper')")
+	mustExec(t, pool, "SELECT files.register_worker('w', lease_timeout => '1 second')")
+	upLongerThan(t, pool, time.Second)
 	expect("claim", "[]", exec("SELECT files.claim('w', ARRAY['default'], 10)"))
 	expect("complete", "[]", exec("SELECT files.complete(1, 'w', 1, '{}')"))
 	expect("claim of two queues", "[]", exec("SELECT files.claim('w', ARRAY['q1', 'q2'], 10)"))

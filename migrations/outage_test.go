@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
@@ -13,8 +14,9 @@ import (
 func TestReapAfterFleetSilence(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	mustExec(t, pool, "SELECT files.register_worker('a', lease_timeout => '1 minute')")
-	mustExec(t, pool, "SELECT files.register_worker('b', lease_timeout => '1 minute')")
+	mustExec(t, pool, "SELECT files.register_worker('a', lease_timeout => '10 seconds')")
+	mustExec(t, pool, "SELECT files.register_worker('b', lease_timeout => '10 seconds')")
+	upLongerThan(t, pool, 10*time.Second)
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('x')")
 	if got := claim(t, pool, "a", 1); len(got) != 1 {
 		t.Fatalf("claimed %d rows", len(got))

@@ -1437,7 +1437,6 @@ CREATE OR REPLACE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NUL
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1502,7 +1501,6 @@ CREATE OR REPLACE FUNCTION files.claim_batch(worker_ids text[], queues text[] DE
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
