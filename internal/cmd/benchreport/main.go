@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -246,8 +247,8 @@ func (rp *report) goals() []goal {
 		default:
 			ratio := pg.n("rows_per_sec") / rv.n("rows_per_sec")
 			gs = append(gs, goal{name, target,
-				fmt.Sprintf("%s vs %s rows/s: %.1fx", thousands(pg.n("rows_per_sec")), thousands(rv.n("rows_per_sec")), ratio),
-				verdict(ratio >= g.times, fmt.Sprintf("%.1fx, not %gx (%.1fx more needed)", ratio, g.times, g.times/ratio))})
+				fmt.Sprintf("%s vs %s rows/s: %sx", thousands(pg.n("rows_per_sec")), thousands(rv.n("rows_per_sec")), floor2(ratio)),
+				verdict(ratio >= g.times, fmt.Sprintf("%sx, not %gx (%.2f%% more needed)", floor2(ratio), g.times, (g.times/ratio-1)*100))})
 		}
 	}
 	// Pickup latency.
@@ -559,4 +560,10 @@ func short(n float64) string {
 		return fmt.Sprintf("%dk", int64(n)/1e3)
 	}
 	return thousands(n)
+}
+
+// floor2 writes a ratio with two decimals, rounded down, so that a ratio
+// just short of a goal never reads as the goal.
+func floor2(r float64) string {
+	return strconv.FormatFloat(math.Floor(r*100)/100, 'f', 2, 64)
 }

@@ -38,7 +38,7 @@ func TestGoals(t *testing.T) {
 	}
 	rp := &report{results: rs, commands: []string{"pgworker bench throughput --rows 20000 --slots 100 --json"}, date: time.Now()}
 	want := map[string]string{
-		"throughput at 2,000 slots": "missed: 1.5x, not 2x (1.3x more needed)",
+		"throughput at 2,000 slots": "missed: 1.50x, not 2x (33.33% more needed)",
 		"throughput at 100 slots":   "met",
 		"pickup p50":                "met",
 		"pickup p50 vs River":       "met",
