@@ -617,3 +617,69 @@ func TestUnstorableOutcomes(t *testing.T) {
 		WHERE f.source = 'src-2' AND a.outcome = 'failed' AND a.error = 'exit 1' AND a.stderr_tail = 'badbytes' || U&'\FFFD'`)
 	waitFor(t, "the counters", func() bool { s := w.Stats(); return s.Done == 6 && s.Failed == 2 && s.Lost == 0 })
 }
+
+// A slot takes its next row while the outcome of its last one waits for the
+// database, and holds at most one such outcome: with the first row's outcome
+// held up by a lock on the row, the one slot runs the second row, and does
+// not start the third until the first outcome is recorded.
+func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	ids := insert(t, pool, 3)
+	started := make(chan int64, 3)
+	release := make(chan struct{})
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		started <- job.ID
+		if job.ID == ids[0] {
+			<-release
+		}
+		return nil, nil
+	})
+	w := start(t, pool, &worker.Config{Handler: h, Slots: 1})
+	next := func(what string) int64 {
+		t.Helper()
+		select {
+		case id := <-started:
+			return id
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no handler started: %s", what)
+			return 0
+		}
+	}
+	if id := next("the first row"); id != ids[0] {
+		t.Fatalf("first row %d, want %d", id, ids[0])
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM files.files WHERE id = $1 FOR UPDATE", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	close(release) // its complete now waits for the lock
+
+	if id := next("the second row, while the first outcome waits"); id != ids[1] {
+		t.Fatalf("second row %d, want %d", id, ids[1])
+	}
+	select {
+	case id := <-started:
+		t.Fatalf("row %d started while the slot had two outcomes waiting", id)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 0 {
+		t.Fatalf("%d rows done while the first outcome is held up, want 0", n)
+	}
+
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id := next("the third row, once the first outcome is recorded"); id != ids[2] {
+		t.Fatalf("third row %d, want %d", id, ids[2])
+	}
+	waitFor(t, "every row done", func() bool { return w.Stats().Done == 3 })
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 3 {
+		t.Fatalf("%d done attempts, want 3", n)
+	}
+}
