@@ -586,8 +586,8 @@ func (w *Worker) deliver(r claim.Row) {
 
 // execute runs a row's handler and settles its outcome. The slot is free
 // for the next row as soon as the handler returns, while the outcome waits
-// for its batch: at most one such outcome per slot, so that a slow database
-// holds the slots back instead of piling outcomes up.
+// for its batch: at most as many such outcomes as the process has slots, so
+// that a slow database holds the slots back instead of piling outcomes up.
 func (w *Worker) execute(t *task) {
 	defer w.handlers.Done()
 	defer w.forget(t)

@@ -619,9 +619,10 @@ func TestUnstorableOutcomes(t *testing.T) {
 }
 
 // A slot takes its next row while the outcome of its last one waits for the
-// database, and holds at most one such outcome: with the first row's outcome
-// held up by a lock on the row, the one slot runs the second row, and does
-// not start the third until the first outcome is recorded.
+// database, and a process holds at most as many waiting outcomes as it has
+// slots: with the first row's outcome held up by a lock on the row, the one
+// slot runs the second row, and does not start the third until the first
+// outcome is recorded.
 func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
