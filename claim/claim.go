@@ -37,6 +37,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/internal/retry"
 )
 
 // sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL: all).
@@ -144,9 +146,9 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 		queues:      slices.Clone(cfg.Queues),
 		idle:        slices.Clone(cfg.Idle),
 		doorbell:    cfg.Doorbell,
-		safetyNet:   orDefault(cfg.SafetyNet, 30*time.Second),
-		backoffMin:  orDefault(cfg.BackoffMin, 100*time.Millisecond),
-		backoffMax:  orDefault(cfg.BackoffMax, 5*time.Second),
+		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
+		backoffMin:  retry.OrDefault(cfg.BackoffMin, 100*time.Millisecond),
+		backoffMax:  retry.OrDefault(cfg.BackoffMax, 5*time.Second),
 		logger:      cfg.Logger,
 		freed:       make(chan struct{}, 1),
 		rescheduled: make(chan struct{}, 1),
@@ -338,7 +340,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 			// will announce again: look a couple more times, spread out.
 			races++
 			pending = races < 3
-			if pending && !sleep(ctx, time.Duration(races)*(5*time.Millisecond+rand.N(20*time.Millisecond))) {
+			if pending && !retry.Sleep(ctx, time.Duration(races)*(5*time.Millisecond+rand.N(20*time.Millisecond))) {
 				return nil
 			}
 		default:
@@ -351,7 +353,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 				c.logger.Debug("claim: still cannot claim", "attempts", failures, "error", err)
 			}
 			pending = true
-			if !sleep(ctx, backoff(c.backoffMin, c.backoffMax, failures)) {
+			if !retry.Sleep(ctx, retry.Backoff(c.backoffMin, c.backoffMax, failures)) {
 				return nil
 			}
 		}
@@ -423,33 +425,4 @@ func ring(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
-}
-
-// sleep waits d, or less if ctx ends; it reports whether ctx is still alive.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff returns the delay before retry n (from 1): min doubled n-1 times,
-// capped at max, with "equal jitter".
-func backoff(minDelay, maxDelay time.Duration, n int) time.Duration {
-	d := maxDelay
-	if n < 30 {
-		d = min(maxDelay, minDelay<<(n-1))
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }

@@ -46,6 +46,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgworker/pgworker/internal/retry"
 )
 
 // Channels the listener listens on.
@@ -149,10 +151,10 @@ func New(cfg *Config) (*Listener, error) {
 	}
 	l := &Listener{
 		logger:       cfg.Logger,
-		pingInterval: orDefault(cfg.PingInterval, 5*time.Second),
-		pingTimeout:  orDefault(cfg.PingTimeout, 5*time.Second),
-		backoffMin:   orDefault(cfg.BackoffMin, 100*time.Millisecond),
-		backoffMax:   orDefault(cfg.BackoffMax, 5*time.Second),
+		pingInterval: retry.OrDefault(cfg.PingInterval, 5*time.Second),
+		pingTimeout:  retry.OrDefault(cfg.PingTimeout, 5*time.Second),
+		backoffMin:   retry.OrDefault(cfg.BackoffMin, 100*time.Millisecond),
+		backoffMax:   retry.OrDefault(cfg.BackoffMax, 5*time.Second),
 	}
 	if l.logger == nil {
 		l.logger = slog.New(slog.DiscardHandler)
@@ -346,7 +348,7 @@ func (l *Listener) Listen(ctx context.Context) error {
 				l.downSince = time.Now()
 			}
 			l.reportFailure(err)
-			delay = backoff(l.backoffMin, l.backoffMax, failed)
+			delay = retry.Backoff(l.backoffMin, l.backoffMax, failed)
 		}
 		select {
 		case <-ctx.Done():
@@ -444,21 +446,4 @@ func (l *Listener) session(ctx context.Context) (up bool, err error) {
 			return true, fmt.Errorf("health check: %w", err)
 		}
 	}
-}
-
-// backoff returns the delay before attempt n (from 1): min doubled n-1 times,
-// capped at max, with "equal jitter" (between half and all of it).
-func backoff(minDelay, maxDelay time.Duration, n int) time.Duration {
-	d := maxDelay
-	if n < 30 {
-		d = min(maxDelay, minDelay<<(n-1))
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }

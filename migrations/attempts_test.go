@@ -2,8 +2,11 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
@@ -124,26 +127,12 @@ func TestCompleteManyGenericPlan(t *testing.T) {
 	defer conn.Release()
 	mustExec(t, conn, "SET plan_cache_mode = force_generic_plan")
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 3000) g")
+	slots := make([]string, 1000)
+	for i := range slots {
+		slots[i] = fmt.Sprintf("w%d", i+1)
+	}
 	for round := range 3 {
-		var ids []int64
-		var workers []string
-		var attempts []int32
-		rows, err := conn.Query(ctx, "SELECT id, worker_id, attempt FROM files.claim_batch((SELECT array_agg('w' || g) FROM generate_series(1, 1000) g))")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var id int64
-			var w string
-			var a int32
-			if err := rows.Scan(&id, &w, &a); err != nil {
-				t.Fatal(err)
-			}
-			ids, workers, attempts = append(ids, id), append(workers, w), append(attempts, a)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
+		ids, workers, attempts := claimBatch(t, conn, slots)
 		if len(ids) != 1000 {
 			t.Fatalf("round %d: claimed %d rows, want 1000", round, len(ids))
 		}
@@ -161,4 +150,28 @@ func TestCompleteManyGenericPlan(t *testing.T) {
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 2997 {
 		t.Fatalf("%d done attempts, want 2997", n)
 	}
+}
+
+// claimBatch claims a row for each of slots through files.claim_batch and
+// returns the rows as complete_many takes them: ids, worker ids, attempts.
+func claimBatch(tb testing.TB, conn *pgxpool.Conn, slots []string) (ids []int64, workers []string, attempts []int32) {
+	tb.Helper()
+	rows, err := conn.Query(context.Background(), "SELECT id, worker_id, attempt FROM files.claim_batch($1)", slots)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var w string
+		var a int32
+		if err := rows.Scan(&id, &w, &a); err != nil {
+			tb.Fatal(err)
+		}
+		ids, workers, attempts = append(ids, id), append(workers, w), append(attempts, a)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return ids, workers, attempts
 }

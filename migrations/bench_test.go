@@ -32,25 +32,7 @@ func BenchmarkCompleteMany(b *testing.B) {
 				}
 				b.ResetTimer()
 				for range b.N {
-					rows, err := conn.Query(ctx, "SELECT id, worker_id, attempt FROM files.claim_batch($1)", workers)
-					if err != nil {
-						b.Fatal(err)
-					}
-					var ids []int64
-					var held []string
-					var attempts []int32
-					for rows.Next() {
-						var id int64
-						var w string
-						var a int32
-						if err := rows.Scan(&id, &w, &a); err != nil {
-							b.Fatal(err)
-						}
-						ids, held, attempts = append(ids, id), append(held, w), append(attempts, a)
-					}
-					if err := rows.Err(); err != nil {
-						b.Fatal(err)
-					}
+					ids, held, attempts := claimBatch(b, conn, workers)
 					if _, err := conn.Exec(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3)", ids, held, attempts); err != nil {
 						b.Fatal(err)
 					}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgworker/pgworker/claim"
+	"github.com/pgworker/pgworker/internal/retry"
 )
 
 // heartbeatLoop sends one heartbeat statement per interval for all the slots.
@@ -23,7 +24,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 		for n := 1; n <= 10 && claim.RaceLost(err); n++ {
 			// Under stricter isolation a concurrent complete can make the
 			// heartbeat lose a race: that is not an outage, try again soon.
-			if !sleep(ctx, time.Duration(n)*(2*time.Millisecond+rand.N(10*time.Millisecond))) {
+			if !retry.Sleep(ctx, time.Duration(n)*(2*time.Millisecond+rand.N(10*time.Millisecond))) {
 				return
 			}
 			err = w.beat(ctx)
@@ -141,7 +142,7 @@ func (w *Worker) beat(ctx context.Context) error {
 func (w *Worker) reapLoop(ctx context.Context) {
 	for {
 		d := w.reapEvery*4/5 + rand.N(w.reapEvery*2/5+1)
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 		qctx, cancel := context.WithTimeout(ctx, w.lease)

@@ -1,11 +1,9 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,22 +87,7 @@ func waitCount(t testing.TB, pool *pgxpool.Pool, want int, sql string, args ...a
 }
 
 // logCapture collects a worker's log lines.
-type logCapture struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logCapture) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logCapture) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logCapture struct{ testutil.SyncBuffer }
 
 func (l *logCapture) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))

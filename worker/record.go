@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgworker/pgworker/claim"
+	"github.com/pgworker/pgworker/internal/retry"
 )
 
 type outcomeKind int
@@ -234,7 +234,7 @@ func (w *Worker) release(t *task, reason string) recorded {
 			return recordedGaveUp
 		}
 		w.logger.Debug("worker: release failed; retrying", "file_id", t.row.ID, "error", err)
-		if !sleep(ctx, backoff(n)) {
+		if !retry.Sleep(ctx, backoff(n)) {
 			return recordedGaveUp
 		}
 	}
@@ -314,7 +314,7 @@ func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Co
 		default:
 			w.logger.Debug("worker: still cannot record outcomes", "rows", len(obs), "error", err)
 		}
-		if !sleep(ctx, backoff(n)) {
+		if !retry.Sleep(ctx, backoff(n)) {
 			break
 		}
 	}
@@ -435,21 +435,5 @@ func retryable(err error) bool {
 	return false
 }
 
-func backoff(n int) time.Duration {
-	d := 5 * time.Second
-	if n < 10 {
-		d = min(d, 50*time.Millisecond<<(n-1))
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+// backoff is the delay before retry n of an outcome: from 50ms up to 5s.
+func backoff(n int) time.Duration { return retry.Backoff(50*time.Millisecond, 5*time.Second, n) }

@@ -91,11 +91,15 @@ func (w *Worker) grow(ctx context.Context, n int, perBusy float64) {
 
 func (w *Worker) shrink(ctx context.Context, n int, perBusy float64) {
 	w.mu.Lock()
+	// An idle slot may still hold a row whose outcome is on its way:
+	// deregistering it would hand that row back.
+	holding := make(map[string]bool, len(w.running))
+	for _, t := range w.running {
+		holding[t.row.WorkerID] = true
+	}
 	var gone []string
 	for i := len(w.ids) - 1; i >= 0 && len(gone) < n && len(w.ids)-len(gone) > w.minSlots; i-- {
-		// An idle slot may still hold a row whose outcome is on its way:
-		// deregistering it would hand that row back.
-		if w.holding[w.ids[i]] == 0 && w.claimer.Remove(w.ids[i]) {
+		if !holding[w.ids[i]] && w.claimer.Remove(w.ids[i]) {
 			gone = append(gone, w.ids[i])
 		}
 	}

@@ -55,6 +55,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/claim"
+	"github.com/pgworker/pgworker/internal/retry"
 	"github.com/pgworker/pgworker/listener"
 )
 
@@ -234,7 +235,6 @@ type Worker struct {
 	above     int             // consecutive scaling checks above the threshold
 	below     int             // consecutive scaling checks below half of it
 	running   map[int64]*task // rows claimed and not yet settled
-	holding   map[string]int  // per slot: its rows in running
 	busy      int             // handlers running
 	unsettled chan struct{}   // a token per slot freed before its outcome was recorded
 	suspects  map[heldRow]int // held in the database, unknown here
@@ -280,9 +280,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		minSlots:    max(cfg.Slots, 1),
 		threshold:   cfg.ScaleThreshold,
 		timeout:     max(cfg.Timeout, 0),
-		heartbeat:   orDefault(cfg.HeartbeatInterval, 5*time.Second),
-		lease:       orDefault(cfg.LeaseTimeout, 15*time.Second),
-		safetyNet:   orDefault(cfg.SafetyNet, 30*time.Second),
+		heartbeat:   retry.OrDefault(cfg.HeartbeatInterval, 5*time.Second),
+		lease:       retry.OrDefault(cfg.LeaseTimeout, 15*time.Second),
+		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		listener:    cfg.Listener,
 		listenURL:   cfg.ListenURL,
 		node:        cfg.Node,
@@ -294,7 +294,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		claimDone:   make(chan struct{}),
 		recordCh:    make(chan *outcome),
 		running:     map[int64]*task{},
-		holding:     map[string]int{},
 		suspects:    map[heldRow]int{},
 		releases:    map[int64]int{},
 	}
@@ -577,7 +576,6 @@ func (w *Worker) deliver(r claim.Row) {
 	t := &task{row: r, ctx: ctx, cancel: cancel, received: now}
 	w.mu.Lock()
 	w.running[r.ID] = t
-	w.holding[r.WorkerID]++
 	w.busy++
 	w.mu.Unlock()
 	w.handlers.Add(1)
@@ -591,12 +589,6 @@ func (w *Worker) deliver(r claim.Row) {
 func (w *Worker) execute(t *task) {
 	defer w.handlers.Done()
 	defer w.forget(t)
-	slotFree := false
-	defer func() {
-		if !slotFree {
-			w.freeSlot(t)
-		}
-	}()
 
 	ctx := t.ctx
 	if w.timeout > 0 {
@@ -631,19 +623,22 @@ func (w *Worker) execute(t *task) {
 			ev.Kind = RowCancelled
 		}
 		w.observe(ev)
+		w.freeSlot(t)
 		return
 	}
 	o := w.decide(t, res, err, elapsed, context.Cause(ctx))
 	if o.kind != kindRelease {
 		select {
 		case w.unsettled <- struct{}{}:
-			defer func() { <-w.unsettled }()
 			w.freeSlot(t)
-			slotFree = true
+			w.settle(t, o, ev)
+			<-w.unsettled
+			return
 		default:
 		}
 	}
 	w.settle(t, o, ev)
+	w.freeSlot(t)
 }
 
 func (w *Worker) observe(e Event) {
@@ -674,9 +669,6 @@ func (w *Worker) freeSlot(t *task) {
 func (w *Worker) forget(t *task) {
 	w.mu.Lock()
 	delete(w.running, t.row.ID)
-	if w.holding[t.row.WorkerID]--; w.holding[t.row.WorkerID] <= 0 {
-		delete(w.holding, t.row.WorkerID)
-	}
 	if !t.finishing {
 		t.finishing = true
 		w.busy--
@@ -700,11 +692,4 @@ func (w *Worker) onControl(c listener.Control) {
 	t.cancel(ErrCancelled)
 	w.cancelled.Add(1)
 	w.logger.Info("worker: row cancelled by an operator; stopping its handler", "file_id", t.row.ID, "worker_id", c.WorkerID)
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }
