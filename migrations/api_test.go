@@ -62,16 +62,6 @@ func claim(t *testing.T, pool *pgxpool.Pool, worker string, max int) []claimed {
 	return out
 }
 
-// upLongerThan waits until the server has been up longer than d: files.reap
-// counts no silence from before the server's start, so a test of reaping
-// with leases of d needs that much uptime (a fresh cluster has seconds).
-func upLongerThan(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
-	t.Helper()
-	testutil.WaitFor(t, d+30*time.Second, "the server to be up longer than "+d.String(), func() bool {
-		return queryBool(t, pool, "SELECT pg_postmaster_start_time() < now() - $1::interval", d.String())
-	})
-}
-
 func sqlState(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -513,7 +503,7 @@ func TestNotify(t *testing.T) {
 	// fleet was not silent.
 	mustExec(t, pool, "SELECT files.register_worker('keeper')")
 	mustExec(t, pool, "SELECT files.register_worker('w', lease_timeout => '1 second')")
-	upLongerThan(t, pool, time.Second)
+	testutil.WaitServerUp(t, pool, time.Second)
 	expect("claim", "[]", exec("SELECT files.claim('w', ARRAY['default'], 10)"))
 	expect("complete", "[]", exec("SELECT files.complete(1, 'w', 1, '{}')"))
 	expect("claim of two queues", "[]", exec("SELECT files.claim('w', ARRAY['q1', 'q2'], 10)"))

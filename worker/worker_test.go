@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgworker/pgworker/internal/pgbouncertest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testutil"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -197,6 +198,9 @@ func TestLeaseLossCancelsHandler(t *testing.T) {
 	})
 	w := start(t, pool, &worker.Config{Handler: h, HeartbeatInterval: 100 * time.Millisecond, SafetyNet: time.Hour})
 	settled(t, w)
+	// reap counts no silence from before the server's start: wait for more
+	// uptime than the default lease.
+	testutil.WaitServerUp(t, pool, 15*time.Second)
 	id := insert(t, pool, 1)[0]
 	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running'", id)
 
@@ -206,6 +210,7 @@ func TestLeaseLossCancelsHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) // after a failure, so that the pool can close
 	if _, err := tx.Exec(ctx, "UPDATE files.files SET lease_expires_at = now() - interval '1 second' WHERE id = $1", id); err != nil {
 		t.Fatal(err)
 	}

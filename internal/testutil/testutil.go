@@ -4,9 +4,12 @@ package testutil
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // WaitFor polls cond every few milliseconds until it holds, failing the test
@@ -39,4 +42,20 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// WaitServerUp waits until the server of pool has been up longer than d.
+// files.reap counts no silence from before the server's start, so a test
+// that reaps leases of d needs that much uptime, and a fresh cluster has
+// seconds.
+func WaitServerUp(t testing.TB, pool *pgxpool.Pool, d time.Duration) {
+	t.Helper()
+	WaitFor(t, d+30*time.Second, "the server to be up longer than "+d.String(), func() bool {
+		var up bool
+		err := pool.QueryRow(context.Background(), "SELECT pg_postmaster_start_time() < now() - $1::interval", d.String()).Scan(&up)
+		if err != nil {
+			t.Fatalf("server uptime: %v", err)
+		}
+		return up
+	})
 }
