@@ -665,10 +665,14 @@ func (w *Worker) freeSlot(t *task) {
 	}
 }
 
-// forget drops a settled row.
+// forget drops a settled row. A row this task released may already be
+// running again in another slot of this process, under the same id: that
+// task's entry stays.
 func (w *Worker) forget(t *task) {
 	w.mu.Lock()
-	delete(w.running, t.row.ID)
+	if w.running[t.row.ID] == t {
+		delete(w.running, t.row.ID)
+	}
 	if !t.finishing {
 		t.finishing = true
 		w.busy--
