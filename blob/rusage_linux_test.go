@@ -2,13 +2,29 @@
 
 package blob_test
 
-import "syscall"
+import (
+	"bytes"
+	"os"
+	"strconv"
+)
 
-// peakRSS is the most memory this process has held in RAM, in MiB.
+// peakRSS is the most memory this process has held in RAM, in MiB: VmHWM,
+// the high-water mark of its own address space. getrusage's ru_maxrss would
+// not do: a child started by vfork, as os/exec starts one, takes the parent's
+// high-water mark over at exec.
 func peakRSS() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
 		return -1
 	}
-	return float64(ru.Maxrss) / 1024 // KiB on Linux
+	for line := range bytes.Lines(status) {
+		if v, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+			kib, err := strconv.ParseFloat(string(bytes.TrimSuffix(bytes.TrimSpace(v), []byte(" kB"))), 64)
+			if err != nil {
+				return -1
+			}
+			return kib / 1024
+		}
+	}
+	return -1
 }

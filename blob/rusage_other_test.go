@@ -2,5 +2,5 @@
 
 package blob_test
 
-// peakRSS is unknown here (Maxrss is in KiB only on Linux).
+// peakRSS is unknown here (VmHWM is read from Linux's /proc).
 func peakRSS() float64 { return -1 }
