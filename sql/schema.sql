@@ -1814,3 +1814,31 @@ BEGIN
 END
 $$;
 
+
+-- ============================================================================
+-- 00009_generic_plans.sql
+-- ============================================================================
+ALTER FUNCTION files.claim(text, text[], integer) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION files.claim(text, text[], integer) SET jit = off;
+ALTER FUNCTION files.claim(text, text[], integer) SET enable_seqscan = off;
+ALTER FUNCTION files.claim(text, text[], integer) SET enable_bitmapscan = off;
+ALTER FUNCTION files.claim(text, text[], integer) SET enable_hashjoin = off;
+ALTER FUNCTION files.claim(text, text[], integer) SET enable_mergejoin = off;
+
+ALTER FUNCTION files.claim_batch(text[], text[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION files.claim_batch(text[], text[]) SET jit = off;
+ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_seqscan = off;
+ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_bitmapscan = off;
+ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_hashjoin = off;
+ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_mergejoin = off;
+
+ALTER FUNCTION files.complete(bigint, text, integer, jsonb, jsonb) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION files.complete(bigint, text, integer, jsonb, jsonb) SET jit = off;
+
+ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET jit = off;
+ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_seqscan = off;
+ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_bitmapscan = off;
+ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_hashjoin = off;
+ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_mergejoin = off;
+

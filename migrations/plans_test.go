@@ -1,0 +1,109 @@
+package migrations_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+// The functions on every row's way (claim, claim_batch, complete,
+// complete_many) run generic plans, compiled by no JIT: planned once per
+// connection rather than on every call, even on a server set to compile every
+// statement. A generic plan is kept while the table grows, so it must not
+// scan files.files even when the table is as small as here: index lookups
+// only. The plans come from auto_explain, nested statements included.
+func TestHotPathPlans(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		plans []string
+	)
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 100) g")
+	var jit bool
+	if err := conn.QueryRow(ctx, "SELECT pg_jit_available()").Scan(&jit); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{
+		"LOAD 'auto_explain'",
+		"SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on",
+		"SET auto_explain.log_level = notice",
+		"SET jit = on",
+		"SET jit_above_cost = 0",
+	} {
+		mustExec(t, conn, s)
+	}
+
+	// Each function more than five times: PostgreSQL's own choice switches
+	// to a generic plan after five custom ones when it finds it as cheap.
+	for i := range 7 {
+		var id int64
+		var worker string
+		var attempt int32
+		if err := conn.QueryRow(ctx, "/* test */ SELECT id, worker_id, attempt FROM files.claim_batch(ARRAY['a:1'])").
+			Scan(&id, &worker, &attempt); err != nil {
+			t.Fatalf("claim_batch %d: %v", i, err)
+		}
+		mustExec(t, conn, "/* test */ SELECT files.complete_many(ARRAY[$1::bigint], ARRAY[$2], ARRAY[$3::integer])", id, worker, attempt)
+		if err := conn.QueryRow(ctx, "/* test */ SELECT id, worker_id, attempt FROM files.claim('b:1')").
+			Scan(&id, &worker, &attempt); err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		mustExec(t, conn, "/* test */ SELECT files.complete($1, $2, $3)", id, worker, attempt)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	var nested, generic int
+	for _, p := range plans {
+		if strings.Contains(p, "/* test */") {
+			continue // the test's own statements, planned under its settings
+		}
+		nested++
+		for _, bad := range []string{"Seq Scan on files ", "Bitmap Heap Scan on files ", "Hash Join", "Merge Join"} {
+			if strings.Contains(p, bad) {
+				t.Errorf("a statement of the hot path plans a %s on a small table:\n%s", bad, p)
+			}
+		}
+		if jit && strings.Contains(p, "JIT:") {
+			t.Errorf("a statement of the hot path was compiled by JIT:\n%s", p)
+		}
+		// The queues lookup names its argument as a parameter ($2) only in
+		// a generic plan; a custom plan has the value folded in.
+		if strings.Contains(p, "FROM files.queues q") && strings.Contains(p, "$2") {
+			generic++
+		}
+	}
+	if nested == 0 {
+		t.Fatal("auto_explain reported no statement inside the functions")
+	}
+	// claim_batch and claim each look their queues up 7 times.
+	if generic != 14 {
+		t.Errorf("%d generic plans of the queues lookup in 14 claims, want 14", generic)
+	}
+	if !jit {
+		t.Log("this server has no JIT: the JIT half of the test checked nothing")
+	}
+}
