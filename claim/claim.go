@@ -3,8 +3,10 @@
 // A Claimer waits for a doorbell (a files_pending notification fanned out by
 // package listener), for a slot to free up after a claim that filled every idle
 // slot, or for a safety-net timer, and then claims one row for each idle slot
-// in a single query (files.claim_batch). It never polls at a fixed cadence: an
-// idle process sends no claim query but the safety net's.
+// in a single query: files.claim_batch, or files.claim when one slot is idle
+// (its plans are made once per connection, where claim_batch plans each
+// call). It never polls at a fixed cadence: an idle process sends no claim
+// query but the safety net's.
 //
 // A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
 // only means "wait again": it is counted, never reported as an error.
@@ -35,16 +37,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/retry"
 )
 
-// sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL: all).
-const sqlClaim = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
-       created_at, claimed_at, lease_expires_at, coalesce(last_error, '')
-FROM files.claim_batch($1::text[], $2::text[])`
+// sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL:
+// all); sqlClaimOne the row of one worker id.
+const (
+	claimColumns = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
+       created_at, claimed_at, lease_expires_at, coalesce(last_error, '')`
+	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[])`
+	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[])`
+)
 
 // maxWakeTimes bounds how many retry times a Claimer remembers; the safety net
 // covers the others.
@@ -182,7 +189,15 @@ func (c *Claimer) Claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 
 func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) {
 	defer c.claims.Add(1) // counted once answered, so that a count includes its outcome
-	rs, err := c.pool.Query(ctx, sqlClaim, workerIDs, c.queues)
+	var (
+		rs  pgx.Rows
+		err error
+	)
+	if len(workerIDs) == 1 {
+		rs, err = c.pool.Query(ctx, sqlClaimOne, workerIDs[0], c.queues)
+	} else {
+		rs, err = c.pool.Query(ctx, sqlClaim, workerIDs, c.queues)
+	}
 	if err != nil {
 		return nil, c.countErr(err)
 	}

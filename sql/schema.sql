@@ -1818,27 +1818,45 @@ $$;
 -- ============================================================================
 -- 00009_generic_plans.sql
 -- ============================================================================
+CREATE OR REPLACE FUNCTION files.complete(id bigint, worker_id text, attempt integer, result jsonb DEFAULT NULL, report jsonb DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    n integer;
+BEGIN
+    -- As files.complete_many does for each of its rows.
+    WITH done AS (
+        UPDATE files.files f
+        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = complete.result
+        WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
+        RETURNING f.id, f.claimed_at
+    ), logged AS (
+        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+                                    exit_code, duration, output, stderr_tail)
+        SELECT d.id, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+               (complete.report ->> 'exit_code')::integer,
+               coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
+               complete.result, complete.report ->> 'stderr_tail'
+        FROM done d
+    )
+    SELECT count(*) INTO n FROM done;
+    RETURN n > 0;
+END
+$$;
+
 ALTER FUNCTION files.claim(text, text[], integer) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION files.claim(text, text[], integer) SET jit = off;
 ALTER FUNCTION files.claim(text, text[], integer) SET enable_seqscan = off;
 ALTER FUNCTION files.claim(text, text[], integer) SET enable_bitmapscan = off;
 ALTER FUNCTION files.claim(text, text[], integer) SET enable_hashjoin = off;
 ALTER FUNCTION files.claim(text, text[], integer) SET enable_mergejoin = off;
-
-ALTER FUNCTION files.claim_batch(text[], text[]) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION files.claim_batch(text[], text[]) SET jit = off;
-ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_seqscan = off;
-ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_bitmapscan = off;
-ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_hashjoin = off;
-ALTER FUNCTION files.claim_batch(text[], text[]) SET enable_mergejoin = off;
-
-ALTER FUNCTION files.complete(bigint, text, integer, jsonb, jsonb) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION files.complete(bigint, text, integer, jsonb, jsonb) SET jit = off;
-
-ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET jit = off;
-ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_seqscan = off;
-ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_bitmapscan = off;
-ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_hashjoin = off;
-ALTER FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) SET enable_mergejoin = off;
 

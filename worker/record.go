@@ -350,6 +350,16 @@ func (w *Worker) salvage(ctx context.Context, obs []*outcome, send func(context.
 }
 
 func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
+	if len(obs) == 1 {
+		// files.complete plans once per connection; complete_many each call.
+		o := obs[0]
+		var took bool
+		if err := w.pool.QueryRow(ctx, sqlCompleteOne, o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt),
+			o.result, o.report).Scan(&took); err != nil {
+			return nil, err
+		}
+		return map[int64]bool{o.t.row.ID: took}, nil
+	}
 	ids, wids, attempts := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs))
 	results, reports := make([]*string, len(obs)), make([]*string, len(obs))
 	for i, o := range obs {

@@ -61,14 +61,15 @@ import (
 
 // The statements the runtime sends: calls of the SQL API only.
 const (
-	sqlRegister   = `SELECT files.register_worker($1, $2, $3::integer, $4::integer, $5, $6::text[], $7::interval)`
-	sqlDeregister = `SELECT files.deregister_worker($1)`
-	sqlDrain      = `SELECT files.drain_worker(VARIADIC $1::text[])`
-	sqlHeartbeat  = `SELECT worker_id, file_id, attempt FROM files.heartbeat(VARIADIC $1::text[])`
-	sqlReap       = `SELECT files.reap()`
-	sqlRelease    = `SELECT files.release($1::bigint, $2, $3::integer, $4)`
-	sqlComplete   = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::jsonb[], $5::jsonb[])`
-	sqlFail       = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::boolean[], $6::jsonb[])`
+	sqlRegister    = `SELECT files.register_worker($1, $2, $3::integer, $4::integer, $5, $6::text[], $7::interval)`
+	sqlDeregister  = `SELECT files.deregister_worker($1)`
+	sqlDrain       = `SELECT files.drain_worker(VARIADIC $1::text[])`
+	sqlHeartbeat   = `SELECT worker_id, file_id, attempt FROM files.heartbeat(VARIADIC $1::text[])`
+	sqlReap        = `SELECT files.reap()`
+	sqlRelease     = `SELECT files.release($1::bigint, $2, $3::integer, $4)`
+	sqlComplete    = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::jsonb[], $5::jsonb[])`
+	sqlCompleteOne = `SELECT files.complete($1::bigint, $2, $3::integer, $4::jsonb, $5::jsonb)`
+	sqlFail        = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::boolean[], $6::jsonb[])`
 )
 
 // stopGrace is how long Stop waits for handlers to return once it has
