@@ -49,7 +49,7 @@ pgworker bench latency --rows 500 --rate 50 --slots 100 --json
 pgworker bench claim-depth --depths "$depths" --claims 200 --json
 pgworker bench herd --processes 20 --slots 50 --rows 100 --json
 pgworker bench enqueue --rows 1000000 --json
-pgworker bench pipeline --rows 2000 --slots 8 --input-store s3://pgworker-bench/in --output-store s3://pgworker-bench/out --json
+pgworker bench pipeline --rows 4000 --rounds 8 --slots 8 --input-store s3://pgworker-bench/in --output-store s3://pgworker-bench/out --json
 
 # The River peer benchmark: the same workloads on River, in a throwaway
 # database of its own beside ours (it reads PGWORKER_DATABASE_URL).
