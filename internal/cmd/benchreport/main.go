@@ -467,7 +467,8 @@ func renderClaimDepth(p printer, rp *report) {
 	p("The time of one committed claim of one row for one slot, with the table grown to each\n")
 	p("size (%g%% of the rows pending, the rest done); median of %g claims of each function,\n", r.n("pending_percent"), r.n("claims"))
 	p("client round trip on the same machine. The server column is the server's own mean per\n")
-	p("call (pg_stat_user_functions). The runtime claims with `files.claim_batch`.\n\n")
+	p("call (pg_stat_user_functions). The runtime claims with `files.claim_batch`, and with\n")
+	p("`files.claim` when one slot is idle.\n\n")
 	p("| rows | pending | build | claim_batch p50 | p99 | server | claim p50 | p99 | server |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	ds, _ := r["depths"].([]any)
 	for _, x := range ds {
