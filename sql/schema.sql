@@ -1860,3 +1860,9 @@ ALTER FUNCTION files.claim(text, text[], integer) SET enable_bitmapscan = off;
 ALTER FUNCTION files.claim(text, text[], integer) SET enable_hashjoin = off;
 ALTER FUNCTION files.claim(text, text[], integer) SET enable_mergejoin = off;
 
+
+-- ============================================================================
+-- 00010_drop_finished_idx.sql
+-- ============================================================================
+DROP INDEX files.files_finished_idx;
+
