@@ -37,7 +37,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -189,15 +188,11 @@ func (c *Claimer) Claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 
 func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) {
 	defer c.claims.Add(1) // counted once answered, so that a count includes its outcome
-	var (
-		rs  pgx.Rows
-		err error
-	)
+	sql, ids := sqlClaim, any(workerIDs)
 	if len(workerIDs) == 1 {
-		rs, err = c.pool.Query(ctx, sqlClaimOne, workerIDs[0], c.queues)
-	} else {
-		rs, err = c.pool.Query(ctx, sqlClaim, workerIDs, c.queues)
+		sql, ids = sqlClaimOne, workerIDs[0]
 	}
+	rs, err := c.pool.Query(ctx, sql, ids, c.queues)
 	if err != nil {
 		return nil, c.countErr(err)
 	}
