@@ -127,7 +127,7 @@ type Claimer struct {
 
 	mu      sync.Mutex
 	idle    []string
-	wakes   []time.Time // sorted
+	wakes   []wake // sorted by at
 	lastErr string
 
 	freed       chan struct{} // a slot became idle
@@ -263,8 +263,8 @@ func (c *Claimer) Remove(workerID string) bool {
 // process failed becomes claimable again.
 func (c *Claimer) WakeAt(t time.Time) {
 	c.mu.Lock()
-	i, _ := slices.BinarySearchFunc(c.wakes, t, time.Time.Compare)
-	c.wakes = slices.Insert(c.wakes, i, t)
+	i, _ := slices.BinarySearchFunc(c.wakes, t, func(w wake, t time.Time) int { return w.at.Compare(t) })
+	c.wakes = slices.Insert(c.wakes, i, wake{at: t, set: time.Now()})
 	if len(c.wakes) > maxWakeTimes {
 		c.wakes = c.wakes[:maxWakeTimes]
 	}
@@ -407,21 +407,24 @@ func (c *Claimer) untilSafety() time.Duration {
 	d := c.safetyNet
 	c.mu.Lock()
 	if len(c.wakes) > 0 {
-		d = min(d, time.Until(c.wakes[0]))
+		d = min(d, time.Until(c.wakes[0].at))
 	}
 	c.mu.Unlock()
 	return max(d, 0)
 }
 
-// dropWakes forgets the wake times that a claim started at t has covered.
+// wake is a time to look for rows at, and when it was asked for.
+type wake struct{ at, set time.Time }
+
+// dropWakes forgets the wake times that a claim started at t has covered:
+// those due by t and asked for before t. A time asked for while the claim ran
+// is kept even if already due: the row behind it may have become claimable
+// after the claim's snapshot (a retry whose backoff ended before its failure
+// was committed).
 func (c *Claimer) dropWakes(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i := 0
-	for i < len(c.wakes) && !c.wakes[i].After(t) {
-		i++
-	}
-	c.wakes = c.wakes[i:]
+	c.wakes = slices.DeleteFunc(c.wakes, func(w wake) bool { return !w.at.After(t) && w.set.Before(t) })
 }
 
 func (c *Claimer) setLastErr(s string) {
