@@ -175,3 +175,54 @@ func claimBatch(tb testing.TB, conn *pgxpool.Conn, slots []string) (ids []int64,
 	}
 	return ids, workers, attempts
 }
+
+// Deleting files deletes their attempts, in one statement, whoever deletes
+// them (pgworker_admin may delete files but has no right on files.attempts);
+// TRUNCATE of files.files empties files.attempts, alone or beside it.
+func TestDeletedFilesTakeTheirAttempts(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	finished := func() {
+		t.Helper()
+		mustExec(t, pool, "INSERT INTO files.files (source, max_attempts) SELECT 'f' || g, 2 FROM generate_series(1, 6) g")
+		// Two attempts for each row: a retryable failure, then done.
+		for range 2 {
+			mustExec(t, pool, `SELECT CASE WHEN c.attempt = 1 THEN files.fail(c.id, c.worker_id, c.attempt, 'flaky')
+			                               ELSE files.complete(c.id, c.worker_id, c.attempt) END
+			                   FROM files.claim('w', NULL, 6) c`)
+			mustExec(t, pool, "UPDATE files.files SET run_after = now() WHERE state = 'pending'")
+		}
+		if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 12 {
+			t.Fatalf("%d attempts, want 12", n)
+		}
+	}
+	finished()
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	mustExec(t, tx, "SET LOCAL ROLE pgworker_admin")
+	mustExec(t, tx, "DELETE FROM files.files WHERE source IN ('f1', 'f2', 'f3')")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 6 {
+		t.Errorf("%d attempts after deleting half the files, want 6", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id"); n != 6 {
+		t.Errorf("%d attempts of the remaining files, want 6", n)
+	}
+
+	mustExec(t, pool, "TRUNCATE files.files")
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 0 {
+		t.Errorf("%d attempts after TRUNCATE files.files, want 0", n)
+	}
+	finished()
+	mustExec(t, pool, "TRUNCATE files.files, files.attempts")
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 0 {
+		t.Errorf("%d attempts after TRUNCATE of both, want 0", n)
+	}
+}

@@ -191,6 +191,26 @@ func TestScalingHintWithoutData(t *testing.T) {
 	wantHint(t, got, "", "pending=490 scheduled=0 running=0 attempts=0 mean_ms=NULL nodes=3 slots=6 spn=2.00 needed=3 desired=3 per_instance=163.33 target=NULL")
 }
 
+// The sample is the newest attempts of the fleet, 50 for each slot that can
+// have recorded them: with two slots, the newest 100. Slot 0 ran 120 attempts
+// of 1 s, then slot 1 30 of 4 s; the sample holds those 30 and the last 70 of
+// slot 0, whoever ran them.
+func TestScalingHintSampleIsTheNewestAttempts(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	registerProcess(t, pool, "n1", 101, 2)
+	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'a', 'a' || g FROM generate_series(1, 200) g")
+	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'b', 'b' || g FROM generate_series(1, 100) g")
+	attemptsOf(t, pool, "n1:101:0", "a", 120, "1 second")
+	attemptsOf(t, pool, "n1:101:1", "b", 30, "4 seconds")
+
+	got := hint(t, pool, "SELECT * FROM files.scaling_hint(target_drain => '1 hour')")
+	// (70 x 1 s + 30 x 4 s) / 100 = 1.9 s.
+	wantHint(t, got, "a", "pending=80 scheduled=0 running=0 attempts=70 mean_ms=1000 nodes=1 slots=2 spn=2.00 needed=1 desired=1 per_instance=80.00 target=7200.00")
+	wantHint(t, got, "b", "pending=70 scheduled=0 running=0 attempts=30 mean_ms=4000 nodes=1 slots=2 spn=2.00 needed=1 desired=1 per_instance=70.00 target=1800.00")
+	wantHint(t, got, "", "pending=150 scheduled=0 running=0 attempts=100 mean_ms=1900 nodes=1 slots=2 spn=2.00 needed=1 desired=1 per_instance=150.00 target=3789.47")
+}
+
 // Scale-in, seen from the hint: slots that drain (a node going away) are not
 // capacity, the rows they still run are outstanding, and once the backlog is
 // gone and the last rows finish the hint comes down to min_nodes. The drain
