@@ -197,16 +197,20 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		return nil, c.countErr(err)
 	}
 	defer rs.Close()
+	// At most one row per slot, each scanned in place.
 	var out []Row
+	var priority, attempt, maxAttempts int32
 	for rs.Next() {
-		var r Row
-		var priority, attempt, maxAttempts int32
+		if out == nil {
+			out = make([]Row, 0, len(workerIDs))
+		}
+		out = append(out, Row{})
+		r := &out[len(out)-1]
 		if err := rs.Scan(&r.ID, &r.Queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
 			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError); err != nil {
 			return nil, c.countErr(fmt.Errorf("claim: scan row: %w", err))
 		}
 		r.Priority, r.Attempt, r.MaxAttempts = int(priority), int(attempt), int(maxAttempts)
-		out = append(out, r)
 	}
 	if err := rs.Err(); err != nil {
 		// The rows read so far are not committed: the statement failed as a whole.

@@ -46,7 +46,7 @@ const (
 // report is the attempt report of files.complete and files.fail.
 type report struct {
 	ExitCode   *int
-	DurationMS float64
+	Duration   time.Duration // reported in milliseconds, to the microsecond
 	StderrTail string
 	Output     json.RawMessage
 }
@@ -64,7 +64,7 @@ func (r *report) marshal() string {
 		b = append(b, ',')
 	}
 	b = append(b, `"duration_ms":`...)
-	b = strconv.AppendFloat(b, r.DurationMS, 'f', -1, 64)
+	b = appendMillis(b, r.Duration)
 	if r.StderrTail != "" {
 		tail, _ := json.Marshal(r.StderrTail) // a string always marshals
 		b = append(b, `,"stderr_tail":`...)
@@ -77,15 +77,40 @@ func (r *report) marshal() string {
 	return string(append(b, '}'))
 }
 
+// appendMillis appends d in milliseconds as a JSON number, to the microsecond
+// (12.345, 7, 0.001), without the float formatting that was most of the cost
+// of a report.
+func appendMillis(b []byte, d time.Duration) []byte {
+	us := d.Microseconds()
+	if us < 0 {
+		b, us = append(b, '-'), -us
+	}
+	b = strconv.AppendInt(b, us/1000, 10)
+	frac := us % 1000
+	if frac == 0 {
+		return b
+	}
+	digits := 3
+	for frac%10 == 0 {
+		frac, digits = frac/10, digits-1
+	}
+	var buf [3]byte
+	for i := digits - 1; i >= 0; i-- {
+		buf[i] = byte('0' + frac%10)
+		frac /= 10
+	}
+	return append(append(b, '.'), buf[:digits]...)
+}
+
 // decide turns a handler's return into the outcome to record.
 func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, cause error) *outcome {
 	o := &outcome{t: t, reply: make(chan recorded, 1)}
-	rep := report{DurationMS: float64(elapsed.Microseconds()) / 1000}
+	rep := report{Duration: elapsed}
 	var output json.RawMessage
 	if res != nil {
 		rep.ExitCode, rep.StderrTail = res.ExitCode, cleanText(res.StderrTail)
 		if res.Duration > 0 {
-			rep.DurationMS = float64(res.Duration.Microseconds()) / 1000
+			rep.Duration = res.Duration
 		}
 		if res.Output != nil {
 			b, mErr := json.Marshal(res.Output)

@@ -228,6 +228,7 @@ type Worker struct {
 	handlerCtx    context.Context // parent of every handler's context
 	handlerCancel context.CancelCauseFunc
 	handlers      sync.WaitGroup
+	handoff       chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
 	recordCh      chan *outcome
 
 	mu        sync.Mutex
@@ -293,6 +294,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		stopped:     make(chan struct{}),
 		startStop:   make(chan struct{}),
 		claimDone:   make(chan struct{}),
+		handoff:     make(chan *task),
 		recordCh:    make(chan *outcome),
 		running:     map[int64]*task{},
 		suspects:    map[heldRow]int{},
@@ -495,6 +497,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 
 	w.claimCancel()
 	<-w.claimDone
+	close(w.handoff) // no row comes any more
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.lease)
 	if _, err := w.pool.Exec(dctx, sqlDrain, w.WorkerIDs()); err != nil {
 		w.logger.Debug("worker: mark slots draining", "error", err)
@@ -570,7 +573,8 @@ func (w *Worker) Stats() Stats {
 	return s
 }
 
-// deliver starts the handler of a claimed row; it runs on the claimer's goroutine.
+// deliver hands a claimed row to a handler goroutine that waits for one, or
+// starts one; it runs on the claimer's goroutine, the only sender on handoff.
 func (w *Worker) deliver(r claim.Row) {
 	now := time.Now()
 	ctx, cancel := context.WithCancelCause(w.handlerCtx)
@@ -580,7 +584,21 @@ func (w *Worker) deliver(r claim.Row) {
 	w.busy++
 	w.mu.Unlock()
 	w.handlers.Add(1)
-	go w.execute(t)
+	select {
+	case w.handoff <- t:
+	default:
+		go w.handle(t)
+	}
+}
+
+// handle executes t, then each row handed to it while it waits, until the
+// worker stops. Reused this way, a goroutine keeps the stack it grew: one
+// goroutine per row paid for its creation and its stack's growth on every
+// row. There are never more of them than rows ran at once.
+func (w *Worker) handle(t *task) {
+	for ok := true; ok; t, ok = <-w.handoff {
+		w.execute(t)
+	}
 }
 
 // execute runs a row's handler and settles its outcome. The slot is free
