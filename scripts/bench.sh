@@ -43,28 +43,38 @@ pgworker() {
 	"$out/pgworker" "$@" >>"$out/pgworker.jsonl" || { echo "FAILED: pgworker $*" >&2; failed=1; }
 }
 
-pgworker bench throughput --rows 20000 --slots 100 --json
-pgworker bench throughput --rows 50000 --slots 2000 --json
+# The River peer benchmark: the same workloads on River, in a throwaway
+# database of its own beside ours (it reads PGWORKER_DATABASE_URL).
+river() {
+	echo "cd bench/peers && go run ./cmd/riverbench $*" >>"$out/commands"
+	echo "== riverbench $*" >&2
+	(cd bench/peers && go run ./cmd/riverbench "$@") >>"$out/river.jsonl" || { echo "FAILED: riverbench $*" >&2; failed=1; }
+}
+peers=
+if [ -d bench/peers/cmd/riverbench ]; then
+	peers=1
+else
+	echo "bench/peers is missing: the River figures are left out of $report" >&2
+fi
+
+# Burn-downs side by side: pgworker and River alternate, three rounds, so
+# that the machine's drifting load falls on both alike; the report compares
+# the medians.
+for round in 1 2 3; do
+	pgworker bench throughput --rows 20000 --slots 100 --json
+	[ -z "$peers" ] || river throughput --rows 20000 --slots 100 --json
+	pgworker bench throughput --rows 50000 --slots 2000 --json
+	[ -z "$peers" ] || river throughput --rows 50000 --slots 2000 --json
+done
 pgworker bench latency --rows 500 --rate 50 --slots 100 --json
 pgworker bench claim-depth --depths "$depths" --claims 200 --json
 pgworker bench herd --processes 20 --slots 50 --rows 100 --json
 pgworker bench enqueue --rows 1000000 --json
 pgworker bench pipeline --rows 4000 --rounds 8 --slots 8 --input-store s3://pgworker-bench/in --output-store s3://pgworker-bench/out --json
 
-# The River peer benchmark: the same workloads on River, in a throwaway
-# database of its own beside ours (it reads PGWORKER_DATABASE_URL).
-if [ -d bench/peers/cmd/riverbench ]; then
-	river() {
-		echo "cd bench/peers && go run ./cmd/riverbench $*" >>"$out/commands"
-		echo "== riverbench $*" >&2
-		(cd bench/peers && go run ./cmd/riverbench "$@") >>"$out/river.jsonl" || { echo "FAILED: riverbench $*" >&2; failed=1; }
-	}
-	river throughput --rows 20000 --slots 100 --json
-	river throughput --rows 50000 --slots 2000 --json
+if [ -n "$peers" ]; then
 	river latency --rows 500 --rate 50 --slots 100 --json
 	river latency --rows 500 --rate 50 --slots 100 --tuned --json
-else
-	echo "bench/peers is missing: the River figures are left out of $report" >&2
 fi
 
 go run ./internal/cmd/benchreport -commands "$out/commands" -append bench/other-measurements.md -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
