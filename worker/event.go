@@ -54,8 +54,9 @@ type Event struct {
 }
 
 // Observer receives a Worker's events, for metrics and logs. Observe is
-// called from the slot's goroutine, so it must return quickly; it is called
-// concurrently by different slots.
+// called from the slots' goroutines and, for most row ends, from the one that
+// records outcomes in batches, so it must return quickly; it is called
+// concurrently.
 type Observer interface {
 	Observe(Event)
 }

@@ -31,8 +31,11 @@ type outcome struct {
 	report    *string // JSON
 	message   string  // fail: the error; release: the reason
 	retryable bool
-	reply     chan recorded
 	runAfter  time.Time // fail: when a row left pending runs again; zero when it failed for good
+
+	ev         Event         // the row's end event, completed by finish
+	handedOver bool          // finish frees the slot's token and forgets the row
+	settled    chan struct{} // else, if not nil: closed by finish for the waiting slot
 }
 
 type recorded int
@@ -104,7 +107,7 @@ func appendMillis(b []byte, d time.Duration) []byte {
 
 // decide turns a handler's return into the outcome to record.
 func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, cause error) *outcome {
-	o := &outcome{t: t, reply: make(chan recorded, 1)}
+	o := &outcome{t: t}
 	rep := report{Duration: elapsed}
 	var output json.RawMessage
 	if res != nil {
@@ -176,20 +179,29 @@ func (w *Worker) forgetReleases(id int64) {
 	w.mu.Unlock()
 }
 
-// settle records an outcome and waits for the answer, so that the slot stays
-// busy until its row is settled. ev is the row's end event, completed here.
-func (w *Worker) settle(t *task, o *outcome, ev Event) {
-	var r recorded
-	if o.kind == kindRelease {
-		r = w.release(t, o.message)
-	} else {
-		select {
-		case w.recordCh <- o:
-			r = <-o.reply
-		case <-w.loopCtx.Done():
-			r = recordedGaveUp
-		}
+// submit hands o to the recorder, which finishes it once the database has
+// answered; once the recorder has stopped, o is finished as given up at once.
+func (w *Worker) submit(o *outcome) {
+	w.recordMu.Lock()
+	if w.recordClosed {
+		w.recordMu.Unlock()
+		w.finish(o, recordedGaveUp)
+		return
 	}
+	w.recordQueue = append(w.recordQueue, o)
+	w.recordMu.Unlock()
+	select {
+	case w.recordBell <- struct{}{}:
+	default:
+	}
+}
+
+// finish settles an outcome with the database's answer r: the counters, the
+// row's end event and, for an outcome handed over by its slot, the slot's
+// token and the row's entry. It runs on the recorder's goroutine, or on the
+// slot's for a release.
+func (w *Worker) finish(o *outcome, r recorded) {
+	t, ev := o.t, o.ev
 	switch r {
 	case recordedOK:
 		switch o.kind {
@@ -228,6 +240,14 @@ func (w *Worker) settle(t *task, o *outcome, ev Event) {
 			"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 	}
 	w.observe(ev)
+	switch {
+	case o.handedOver:
+		<-w.unsettled
+		w.forget(t)
+		w.handlers.Done()
+	case o.settled != nil:
+		close(o.settled)
+	}
 }
 
 // Why an outcome was not recorded, for RowLost events.
@@ -266,41 +286,51 @@ func (w *Worker) release(t *task, reason string) recorded {
 }
 
 // recordLoop batches the outcomes of all slots: whatever queued up while the
-// previous statement ran goes into the next one.
+// previous statement ran goes into the next one. When it stops, the outcomes
+// still queued are given up.
 func (w *Worker) recordLoop(ctx context.Context) {
+	var batch []*outcome
 	for {
-		var batch []*outcome
 		select {
-		case o := <-w.recordCh:
-			batch = append(batch, o)
+		case <-w.recordBell:
 		case <-ctx.Done():
+			w.recordMu.Lock()
+			w.recordClosed = true
+			left := w.recordQueue
+			w.recordQueue = nil
+			w.recordMu.Unlock()
+			for _, o := range left {
+				w.finish(o, recordedGaveUp)
+			}
 			return
 		}
-	fill:
-		for len(batch) < w.maxBatch {
-			select {
-			case o := <-w.recordCh:
-				batch = append(batch, o)
-			default:
-				break fill
+		for {
+			w.recordMu.Lock()
+			n := min(len(w.recordQueue), w.maxBatch)
+			batch = append(batch[:0], w.recordQueue[:n]...)
+			w.recordQueue = append(w.recordQueue[:0], w.recordQueue[n:]...)
+			w.recordMu.Unlock()
+			if n == 0 {
+				break
 			}
-		}
-		var completes, fails []*outcome
-		for _, o := range batch {
-			if o.kind == kindComplete {
-				completes = append(completes, o)
-			} else {
-				fails = append(fails, o)
+			var completes, fails []*outcome
+			for _, o := range batch {
+				if o.kind == kindComplete {
+					completes = append(completes, o)
+				} else {
+					fails = append(fails, o)
+				}
 			}
+			w.flush(ctx, completes, w.completeMany)
+			w.flush(ctx, fails, w.failMany)
+			clear(batch)
 		}
-		w.flush(ctx, completes, w.completeMany)
-		w.flush(ctx, fails, w.failMany)
 	}
 }
 
 // flush records a batch, retrying connection errors with backoff until the
-// database answers or the worker stops; each outcome gets its answer on its
-// reply channel. An outcome is sent however long the database was away: the
+// database answers or the worker stops; each outcome is finished with its
+// answer. An outcome is sent however long the database was away: the
 // fenced call refuses it if the row was taken back meanwhile, and records it
 // if not (files.reap does not count the database's own outage against the
 // lease), so finished work is not thrown away on a guess of the local clock.
@@ -316,9 +346,9 @@ func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Co
 		if err == nil {
 			for _, o := range obs {
 				if took[o.t.row.ID] {
-					o.reply <- recordedOK
+					w.finish(o, recordedOK)
 				} else {
-					o.reply <- recordedNotHeld
+					w.finish(o, recordedNotHeld)
 				}
 			}
 			if !down.IsZero() {
@@ -344,7 +374,7 @@ func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Co
 		}
 	}
 	for _, o := range obs {
-		o.reply <- recordedGaveUp
+		w.finish(o, recordedGaveUp)
 	}
 }
 
@@ -370,7 +400,7 @@ func (w *Worker) salvage(ctx context.Context, obs []*outcome, send func(context.
 		o.report = nil
 		w.flush(ctx, obs, send)
 	default:
-		o.reply <- recordedGaveUp
+		w.finish(o, recordedGaveUp)
 	}
 }
 

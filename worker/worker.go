@@ -229,7 +229,10 @@ type Worker struct {
 	handlerCancel context.CancelCauseFunc
 	handlers      sync.WaitGroup
 	handoff       chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
-	recordCh      chan *outcome
+	recordMu      sync.Mutex
+	recordQueue   []*outcome    // outcomes for the recorder, in order
+	recordBell    chan struct{} // rung when recordQueue grows
+	recordClosed  bool          // the recorder has stopped: outcomes are given up
 
 	mu        sync.Mutex
 	ids       []string // the slots, in slot order
@@ -295,7 +298,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		startStop:   make(chan struct{}),
 		claimDone:   make(chan struct{}),
 		handoff:     make(chan *task),
-		recordCh:    make(chan *outcome),
+		recordBell:  make(chan struct{}, 1),
 		running:     map[int64]*task{},
 		suspects:    map[heldRow]int{},
 		releases:    map[int64]int{},
@@ -603,11 +606,17 @@ func (w *Worker) handle(t *task) {
 
 // execute runs a row's handler and settles its outcome. The slot is free
 // for the next row as soon as the handler returns, while the outcome waits
-// for its batch: at most as many such outcomes as the process has slots, so
-// that a slow database holds the slots back instead of piling outcomes up.
+// for its batch and the recorder finishes it: at most as many such outcomes
+// as the process has slots, so that a slow database holds the slots back
+// instead of piling outcomes up.
 func (w *Worker) execute(t *task) {
-	defer w.handlers.Done()
-	defer w.forget(t)
+	handedOver := false // to the recorder, which finishes the row
+	defer func() {
+		if !handedOver {
+			w.forget(t)
+			w.handlers.Done()
+		}
+	}()
 
 	ctx := t.ctx
 	if w.timeout > 0 {
@@ -646,18 +655,25 @@ func (w *Worker) execute(t *task) {
 		return
 	}
 	o := w.decide(t, res, err, elapsed, context.Cause(ctx))
-	if o.kind != kindRelease {
-		select {
-		case w.unsettled <- struct{}{}:
-			w.freeSlot(t)
-			w.settle(t, o, ev)
-			<-w.unsettled
-			return
-		default:
-		}
+	o.ev = ev
+	if o.kind == kindRelease {
+		w.finish(o, w.release(t, o.message))
+		w.freeSlot(t)
+		return
 	}
-	w.settle(t, o, ev)
-	w.freeSlot(t)
+	select {
+	case w.unsettled <- struct{}{}:
+		o.handedOver, handedOver = true, true
+		w.freeSlot(t)
+		w.submit(o)
+	default:
+		// As many outcomes wait as the process has slots: this slot waits
+		// for its own.
+		o.settled = make(chan struct{})
+		w.submit(o)
+		<-o.settled
+		w.freeSlot(t)
+	}
 }
 
 func (w *Worker) observe(e Event) {
