@@ -141,7 +141,11 @@ func TestSerializationFailuresAreLostRaces(t *testing.T) {
 		pool := pgtest.PoolFor(t, url) // new connections: repeatable read
 		ws = append(ws, start(t, pool, &worker.Config{
 			Handler: h, Slots: 8, SafetyNet: time.Hour, Logger: logs.logger(),
-			HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: 10 * time.Second,
+			// Frequent heartbeats race the completes; a long lease gives each
+			// heartbeat 30 s, so that a machine stalled by other suites'
+			// load (a heartbeat once timed out at 5 s) is not taken for a
+			// lost race logged as an error.
+			HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: time.Minute,
 		}))
 	}
 	var iso string
