@@ -610,9 +610,9 @@ func (w *Worker) handle(t *task) {
 // as the process has slots, so that a slow database holds the slots back
 // instead of piling outcomes up.
 func (w *Worker) execute(t *task) {
-	handedOver := false // to the recorder, which finishes the row
+	var o *outcome
 	defer func() {
-		if !handedOver {
+		if o == nil || !o.handedOver { // else the recorder finishes the row
 			w.forget(t)
 			w.handlers.Done()
 		}
@@ -654,7 +654,7 @@ func (w *Worker) execute(t *task) {
 		w.freeSlot(t)
 		return
 	}
-	o := w.decide(t, res, err, elapsed, context.Cause(ctx))
+	o = w.decide(t, res, err, elapsed, context.Cause(ctx))
 	o.ev = ev
 	if o.kind == kindRelease {
 		w.finish(o, w.release(t, o.message))
@@ -663,7 +663,7 @@ func (w *Worker) execute(t *task) {
 	}
 	select {
 	case w.unsettled <- struct{}{}:
-		o.handedOver, handedOver = true, true
+		o.handedOver = true
 		w.freeSlot(t)
 		w.submit(o)
 	default:

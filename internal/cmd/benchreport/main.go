@@ -204,40 +204,44 @@ func (rp *report) all(system, mode string) []result {
 	return out
 }
 
-func slots(n float64) func(result) bool {
-	return func(r result) bool { return r.n("slots") == n }
-}
-
-// riverDefault picks River's run with its default fetch cooldown (100ms),
-// else any run with those slots.
-func (rp *report) river(mode string, slotCount float64, tuned bool) result {
-	r := rp.find("river", mode, func(r result) bool {
-		cd := r.n("fetch_cooldown_ms")
-		return r.n("slots") == slotCount && (cd < 100) == tuned
-	})
-	if r == nil && !tuned {
-		r = rp.find("river", mode, slots(slotCount))
-	}
-	return r
-}
-
-// throughputs returns the rows/s of every throughput run of system at
-// slotCount, in run order; River's with its default fetch cooldown (100 ms)
-// if it has any.
-func (rp *report) throughputs(system string, slotCount float64) []float64 {
-	var all, dflt []float64
-	for _, r := range rp.all(system, "throughput") {
+// runs returns the results of system and mode at slotCount, in run order.
+// River's are those with its default fetch cooldown (100 ms), else, unless
+// tuned ones are asked for, any; tuned: those with a shorter cooldown.
+func (rp *report) runs(system, mode string, slotCount float64, tuned bool) []result {
+	var all, picked []result
+	for _, r := range rp.all(system, mode) {
 		if r.n("slots") == slotCount {
-			all = append(all, r.n("rows_per_sec"))
-			if r.n("fetch_cooldown_ms") >= 100 {
-				dflt = append(dflt, r.n("rows_per_sec"))
+			all = append(all, r)
+			if (r.n("fetch_cooldown_ms") < 100) == tuned {
+				picked = append(picked, r)
 			}
 		}
 	}
-	if system == "river" && len(dflt) > 0 {
-		return dflt
+	switch {
+	case system != "river":
+		return all
+	case len(picked) > 0 || tuned:
+		return picked
 	}
 	return all
+}
+
+// river picks River's first run of mode at slotCount (see runs).
+func (rp *report) river(mode string, slotCount float64, tuned bool) result {
+	if rs := rp.runs("river", mode, slotCount, tuned); len(rs) > 0 {
+		return rs[0]
+	}
+	return nil
+}
+
+// throughputs returns the rows/s of system's burn-downs at slotCount (see
+// runs), in run order.
+func (rp *report) throughputs(system string, slotCount float64) []float64 {
+	var out []float64
+	for _, r := range rp.runs(system, "throughput", slotCount, false) {
+		out = append(out, r.n("rows_per_sec"))
+	}
+	return out
 }
 
 // median of xs (the mean of the middle two for an even count); xs is not
@@ -251,13 +255,18 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// span writes the lowest and highest of xs: "24,100-26,000".
+func span(xs []float64) string {
+	return thousands(slices.Min(xs)) + "-" + thousands(slices.Max(xs))
+}
+
 // spread describes several runs' figures: "24,100" for one run, else
 // "median 25,000 of 24,100-26,000".
 func spread(xs []float64) string {
 	if len(xs) == 1 {
 		return thousands(xs[0])
 	}
-	return fmt.Sprintf("median %s of %s-%s", thousands(median(xs)), thousands(slices.Min(xs)), thousands(slices.Max(xs)))
+	return fmt.Sprintf("median %s of %s", thousands(median(xs)), span(xs))
 }
 
 // goal is one line of the goals table.
@@ -289,8 +298,7 @@ func (rp *report) goals() []goal {
 			ratio := median(pg) / median(rv)
 			m := fmt.Sprintf("%s vs %s rows/s: %sx", thousands(median(pg)), thousands(median(rv)), floor2(ratio))
 			if len(pg) > 1 || len(rv) > 1 {
-				m += fmt.Sprintf(" (medians of %d and %d runs; pgworker %s-%s, River %s-%s)", len(pg), len(rv),
-					thousands(slices.Min(pg)), thousands(slices.Max(pg)), thousands(slices.Min(rv)), thousands(slices.Max(rv)))
+				m += fmt.Sprintf(" (medians of %d and %d runs; pgworker %s, River %s)", len(pg), len(rv), span(pg), span(rv))
 			}
 			gs = append(gs, goal{name, target, m,
 				verdict(ratio >= g.times, fmt.Sprintf("%sx, not %gx (%.2f%% more needed)", floor2(ratio), g.times, (g.times/ratio-1)*100))})
