@@ -28,32 +28,30 @@ import (
 
 // probe is a pgxlisten.Listener on both channels that records what happens.
 type probe struct {
-	urls      []string // the URL of each connect; the last one is reused
+	urls      []string // urls[i]: where to connect once i sessions reached LISTEN; the last is reused
 	keepAlive net.KeepAliveConfig
 
 	mu       sync.Mutex
-	connects int      // Connect calls
 	listens  int      // sessions that reached LISTEN (backlog calls)
 	payloads []string // notifications received on ChannelPending
 	errs     []error  // what LogError received
 }
 
 type probeStats struct {
-	connects, listens int
-	payloads          []string
-	errs              []error
+	listens  int
+	payloads []string
+	errs     []error
 }
 
 func (p *probe) stats() probeStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return probeStats{p.connects, p.listens, slices.Clone(p.payloads), slices.Clone(p.errs)}
+	return probeStats{p.listens, slices.Clone(p.payloads), slices.Clone(p.errs)}
 }
 
 func (p *probe) connect(ctx context.Context) (*pgx.Conn, error) {
 	p.mu.Lock()
-	url := p.urls[min(p.connects, len(p.urls)-1)]
-	p.connects++
+	url := p.urls[min(p.listens, len(p.urls)-1)]
 	p.mu.Unlock()
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -131,7 +129,7 @@ func TestPgxlistenStaysOnHalfOpenConnection(t *testing.T) {
 	sub := ours.Subscribe("q")
 	defer sub.Close()
 	run(t, ours)
-	// The first connection goes through the proxy; any later one goes
+	// Until it listens, pgxlisten connects through the proxy; after that,
 	// straight to the server, as a new connection through a failed-over
 	// middlebox would. Keepalives as short as Linux allows: a second idle,
 	// two probes a second apart.
@@ -141,8 +139,9 @@ func TestPgxlistenStaysOnHalfOpenConnection(t *testing.T) {
 	}
 	startProbe(t, theirs, 10*time.Millisecond)
 	ring(t, sub, "connect")
-	waitFor(t, "pgxlisten to listen", func() bool { return theirs.stats().listens == 1 })
+	waitFor(t, "pgxlisten to listen", func() bool { return theirs.stats().listens >= 1 })
 
+	errsBefore := len(theirs.stats().errs)
 	ourProxy.Freeze()
 	theirProxy.Freeze()
 	waitFor(t, "listener to notice the silent connection", func() bool { return !ours.Stats().Connected })
@@ -159,9 +158,9 @@ func TestPgxlistenStaysOnHalfOpenConnection(t *testing.T) {
 	ring(t, sub, "a notification after the reconnect")
 
 	s := theirs.stats()
-	if s.connects != 1 || len(s.errs) != 0 || len(s.payloads) != 0 {
-		t.Fatalf("pgxlisten noticed the half-open connection (connects %d, errors %v, payloads %q): "+
-			"consider building listener on it", s.connects, s.errs, s.payloads)
+	if s.listens != 1 || len(s.errs) != errsBefore || len(s.payloads) != 0 {
+		t.Fatalf("pgxlisten noticed the half-open connection (sessions %d, errors %v, payloads %q): "+
+			"consider building listener on it", s.listens, s.errs[errsBefore:], s.payloads)
 	}
 }
 
@@ -196,6 +195,9 @@ func TestPgxlistenRecoversFromStandbyAndRestart(t *testing.T) {
 		BackoffMin:   10 * time.Millisecond,
 		BackoffMax:   100 * time.Millisecond,
 		PingInterval: time.Hour, // the restart is the only drop
+		// Connect and LISTEN time out only on a machine this slow, so that the
+		// first failure is the standby's refusal.
+		PingTimeout: time.Minute,
 	})
 	sub := ours.Subscribe("q")
 	defer sub.Close()
@@ -204,18 +206,20 @@ func TestPgxlistenRecoversFromStandbyAndRestart(t *testing.T) {
 	startProbe(t, theirs, 50*time.Millisecond)
 
 	waitFor(t, "three refused attempts each", func() bool {
-		return ours.Stats().Failures >= 3 && len(theirs.stats().errs) >= 3
-	})
-	for _, err := range theirs.stats().errs {
-		if !strings.Contains(err.Error(), "25006") {
-			t.Fatalf("pgxlisten on a standby: %v, want SQLSTATE 25006", err)
+		refused := 0
+		for _, err := range theirs.stats().errs {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "25006" {
+				refused++
+			}
 		}
-	}
+		return ours.Stats().Failures >= 3 && refused >= 3
+	})
 	if err := standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ring(t, sub, "listener on the promoted standby")
-	waitFor(t, "pgxlisten on the promoted standby", func() bool { return theirs.stats().listens == 1 })
+	waitFor(t, "pgxlisten on the promoted standby", func() bool { return theirs.stats().listens >= 1 })
 	out := logs.String()
 	if strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "standby") {
 		t.Fatalf("listener logged, for one outage on a standby:\n%s", out)
@@ -225,7 +229,7 @@ func TestPgxlistenRecoversFromStandbyAndRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ring(t, sub, "listener after the restart")
-	waitFor(t, "pgxlisten after the restart", func() bool { return theirs.stats().listens == 2 })
+	waitFor(t, "pgxlisten after the restart", func() bool { return theirs.stats().listens >= 2 })
 	notify(t, pgtest.PoolFor(t, url), listener.ChannelPending, "q")
 	ring(t, sub, "listener: a notification after the restart")
 	waitFor(t, "pgxlisten: a notification after the restart", func() bool {
