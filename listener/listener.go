@@ -30,6 +30,24 @@
 //
 // LISTEN needs a session: behind a transaction-pooling PgBouncer, give the
 // listener a direct or session-pooled URL.
+//
+// # Why not pgxlisten
+//
+// The package is written on pgconn rather than github.com/jackc/pgxlisten,
+// which reconnects too and whose BacklogHandler could ring the doorbells after
+// each connect. pgxlisten waits in WaitForNotification with no deadline, and
+// that call owns the connection, so nothing can check an idle one. Behind a
+// middlebox that keeps the TCP session open after the server is gone
+// (PgBouncer, HAProxy, a load balancer during a failover) it waits forever:
+// the middlebox answers the TCP keepalives that its Connect hook can set, and
+// the server has nothing to send. This package pings an idle connection and
+// replaces one that does not answer. pgxlisten recovers from a restart and
+// from a standby that refuses LISTEN, but after one fixed delay (a minute
+// unless set) rather than backoff with jitter, and reports every failed
+// attempt where this package logs one line per outage. The tests in
+// pgxlisten_test.go drive it through these faults; when pgxlisten learns to
+// check an idle connection, TestPgxlistenStaysOnHalfOpenConnection fails, and
+// building on it is worth another look.
 package listener
 
 import (
