@@ -65,3 +65,5 @@ TO pgworker_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA files FROM pgworker_worker, pgworker_reader, pgworker_admin;
 REVOKE ALL ON ALL TABLES IN SCHEMA files FROM pgworker_worker, pgworker_reader, pgworker_admin;
 REVOKE ALL ON SCHEMA files FROM pgworker_worker, pgworker_reader, pgworker_admin;
+-- Functions are executable by PUBLIC until Up revokes it.
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA files TO PUBLIC;

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
 	"github.com/pgworker/pgworker/migrations"
@@ -99,6 +100,53 @@ func TestProviderRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDownRestoresEachVersion checks every Down: a database migrated up and
+// then down to version n has the catalog of one migrated up to n only.
+func TestDownRestoresEachVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	down := provider(t, pgtest.EmptyURL(t))
+	if _, err := down.p.Up(ctx); err != nil {
+		t.Fatalf("up: %v", err)
+	}
+	sources := down.p.ListSources()
+	for i := len(sources) - 2; i >= 0; i-- {
+		v := sources[i].Version
+		if _, err := down.p.DownTo(ctx, v); err != nil {
+			t.Fatalf("down to %d: %v", v, err)
+		}
+		up := provider(t, pgtest.EmptyURL(t))
+		if _, err := up.p.UpTo(ctx, v); err != nil {
+			t.Fatalf("up to %d: %v", v, err)
+		}
+		if got, want := dumpSchema(t, down.url), dumpSchema(t, up.url); got != want {
+			t.Errorf("down to version %d leaves another schema than up to it:\n%s",
+				v, diffLines("up to it", want, "down to it", got))
+		}
+	}
+}
+
+type migrated struct {
+	url string
+	p   *goose.Provider
+}
+
+// provider returns a goose provider of migrations.FS on the database at url.
+func provider(t *testing.T, url string) migrated {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { db.Close() })
+	p, err := migrations.NewProvider(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return migrated{url: url, p: p}
+}
+
 // TestSchemaFileMatchesMigrations builds one database with the migrations and
 // one from sql/schema.sql, and compares what pg_dump says of schema files in
 // each: every table, column, constraint, index, trigger, function body and
@@ -117,7 +165,7 @@ func TestSchemaFileMatchesMigrations(t *testing.T) {
 	got := dumpSchema(t, scripted)
 	if got != want {
 		t.Fatalf("sql/schema.sql and migrations/ build different schemas: make each change in both (migrations/README.md)\n%s",
-			diffLines(want, got))
+			diffLines("migrations/", want, "sql/schema.sql", got))
 	}
 }
 
@@ -144,7 +192,7 @@ func dumpSchema(t *testing.T, url string) string {
 
 // diffLines names the object where two dumps first differ and shows a few
 // lines of each from there.
-func diffLines(want, got string) string {
+func diffLines(wantName, want, gotName, got string) string {
 	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
 	i := 0
 	for i < len(w) && i < len(g) && w[i] == g[i] {
@@ -164,8 +212,8 @@ func diffLines(want, got string) string {
 		}
 		return "    " + strings.Join(lines[i:end], "\n    ")
 	}
-	return fmt.Sprintf("first difference at line %d, in %s\nmigrations/:\n%s\nsql/schema.sql:\n%s",
-		i+1, object, excerpt(w), excerpt(g))
+	return fmt.Sprintf("first difference at line %d, in %s\n%s:\n%s\n%s:\n%s",
+		i+1, object, wantName, excerpt(w), gotName, excerpt(g))
 }
 
 // toolPath finds a pinned tool that make tools installs into ./bin.
