@@ -55,8 +55,8 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 .PHONY: schema
-schema: ## Regenerate sql/schema.sql from migrations/
-	./scripts/schema.sh
+schema: ## Check that sql/schema.sql builds the same catalog as migrations/
+	$(TESTENV) $(GO) test -count=1 -run 'TestSchemaFileMatchesMigrations|TestSharedNames' ./migrations/
 
 .PHONY: tools
 tools: $(BIN)/goose $(BIN)/minio ## Install pinned goose and MinIO binaries into ./bin

@@ -43,7 +43,7 @@ import (
 )
 
 // sqlQueues reads the queue gauges: one line per queue and one for the
-// fleet (queue NULL). See migrations/00006_scaling_hint.sql.
+// fleet (queue NULL). See migrations/00005_scaling.sql.
 const sqlQueues = `
 SELECT queue, paused, pending, scheduled, running, oldest_pending_age, mean_attempt_time,
        needed_nodes, desired_nodes, backlog_per_instance::float8, target_backlog_per_instance::float8

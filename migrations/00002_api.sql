@@ -2,42 +2,36 @@
 -- these functions, so a worker can be written in any language.
 --
 -- The functions are SECURITY DEFINER with a pinned search_path: the worker role may
--- execute them without holding write privileges on the tables.
+-- execute them without holding write privileges on the tables. A running
+-- attempt is described by its files.files row alone (worker_id, attempt,
+-- claimed_at); the functions that end it (complete, fail, release, reap,
+-- cancel) write its files.attempts row.
+--
+-- files.claim and files.complete, which pgworker calls when a wake-up has one
+-- idle slot or a batch one outcome, use generic plans, made once per
+-- connection: these statements have one good plan, an index range scan of
+-- files_claim_idx per queue and primary-key lookups, and their settings rule
+-- out the others. Left to its costs, a generic plan made while files.files is
+-- small hashes a scan of the whole table on every call, until the next
+-- ANALYZE. JIT compilation is off: a generic plan's estimate of a claim at
+-- millions of pending rows passes jit_above_cost, and compiling costs far
+-- more than the claim. The batch functions keep custom plans.
 
 -- +goose Up
 
--- +goose StatementBegin
-CREATE FUNCTION files.notify_enqueued() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO files.queues (queue)
-    SELECT DISTINCT n.queue FROM enqueued n
-    WHERE NOT EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = n.queue)
-    ON CONFLICT DO NOTHING;
-
-    PERFORM pg_notify('files_pending', d.queue)
-    FROM (SELECT DISTINCT n.queue FROM enqueued n WHERE n.state = 'pending') d;
-    RETURN NULL;
-END
-$$;
--- +goose StatementEnd
-COMMENT ON FUNCTION files.notify_enqueued() IS
-    'Statement trigger on INSERT and COPY: registers new queues and sends one files_pending notification per queue and statement.';
-
-CREATE TRIGGER files_enqueued
-    AFTER INSERT ON files.files
-    REFERENCING NEW TABLE AS enqueued
-    FOR EACH STATEMENT EXECUTE FUNCTION files.notify_enqueued();
-COMMENT ON TRIGGER files_enqueued ON files.files IS
-    'Wakes idle workers: NOTIFY files_pending with the queue name, once per statement and queue.';
+-- Claiming work.
 
 -- +goose StatementBegin
 CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1)
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -73,52 +67,28 @@ BEGIN
         RETURN;
     END IF;
 
-    IF cardinality(v_queues) = 1 THEN
-        RETURN QUERY
-        WITH picked AS (
-            SELECT f.id FROM files.files f
-            WHERE f.state = 'pending' AND f.queue = v_queues[1] AND f.run_after <= now()
+    -- The best rows of each queue (an index range scan of files_claim_idx
+    -- each), then the best of those.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.id FROM unnest(v_queues) AS q(name)
+        CROSS JOIN LATERAL (
+            SELECT f.id, f.priority FROM files.files f
+            WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
             ORDER BY f.priority DESC, f.id
             LIMIT claim.max
             FOR UPDATE SKIP LOCKED
-        ), claimed AS (
-            UPDATE files.files f
-            SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
-                claimed_at = now(), lease_expires_at = now() + v_lease
-            FROM picked WHERE f.id = picked.id
-            RETURNING f.*
-        ), logged AS (
-            INSERT INTO files.attempts (file_id, attempt, worker_id)
-            SELECT c.id, c.attempt, claim.worker_id FROM claimed c
-        )
-        SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id;
-    ELSE
-        -- Several queues: the best rows of each queue, then the best of those. Each
-        -- queue's part is an index range scan of files_claim_idx.
-        RETURN QUERY
-        WITH picked AS (
-            SELECT p.id FROM unnest(v_queues) AS q(name)
-            CROSS JOIN LATERAL (
-                SELECT f.id, f.priority FROM files.files f
-                WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-                ORDER BY f.priority DESC, f.id
-                LIMIT claim.max
-                FOR UPDATE SKIP LOCKED
-            ) p
-            ORDER BY p.priority DESC, p.id
-            LIMIT claim.max
-        ), claimed AS (
-            UPDATE files.files f
-            SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
-                claimed_at = now(), lease_expires_at = now() + v_lease
-            FROM picked WHERE f.id = picked.id
-            RETURNING f.*
-        ), logged AS (
-            INSERT INTO files.attempts (file_id, attempt, worker_id)
-            SELECT c.id, c.attempt, claim.worker_id FROM claimed c
-        )
-        SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id;
-    END IF;
+        ) p
+        ORDER BY p.priority DESC, p.id
+        LIMIT claim.max
+    ), claimed AS (
+        UPDATE files.files f
+        SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
+            claimed_at = now(), lease_expires_at = now() + v_lease
+        FROM picked WHERE f.id = picked.id
+        RETURNING f.*
+    )
+    SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id;
 END
 $$;
 -- +goose StatementEnd
@@ -139,36 +109,203 @@ $$;
 COMMENT ON FUNCTION files.get_unprocessed_entry_by_priority(text) IS
     'Claims zero or one row of any queue for worker_id: files.claim(worker_id, NULL, 1), for scripts and psql.';
 
+-- The batched forms, for a process that runs many slots: one statement claims
+-- a row for each idle slot, one records the outcomes of many rows. Each row
+-- stays fenced exactly as with the single-row functions.
+
+-- +goose StatementBegin
+CREATE FUNCTION files.claim_batch(worker_ids text[], queues text[] DEFAULT NULL)
+RETURNS SETOF files.files
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids    text[];
+    v_queues text[];
+    v_leases interval[];
+    v_rows   bigint[];
+    v_revive boolean;
+BEGIN
+    IF claim_batch.worker_ids IS NULL OR cardinality(claim_batch.worker_ids) = 0
+       OR array_position(claim_batch.worker_ids, NULL) IS NOT NULL OR '' = ANY (claim_batch.worker_ids) THEN
+        RAISE EXCEPTION 'files.claim_batch: worker_ids must be a non-empty array of non-empty ids'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    -- The active slots, each once, in the order given; draining ones take
+    -- nothing. An unknown slot is registered, and a claim proves a stopped or
+    -- dead slot alive: both cost a second look, the usual claim one join.
+    SELECT array_agg(s.id ORDER BY s.ord), array_agg(w.lease_timeout ORDER BY s.ord),
+           bool_or(w.state IS DISTINCT FROM 'active')
+    INTO v_ids, v_leases, v_revive
+    FROM (SELECT u.id, min(u.ord) AS ord
+          FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
+          GROUP BY u.id) s
+    LEFT JOIN files.workers w ON w.worker_id = s.id
+    WHERE w.state IS DISTINCT FROM 'draining';
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_revive THEN
+        INSERT INTO files.workers AS w (worker_id, queues)
+        SELECT u.id, claim_batch.queues FROM unnest(v_ids) AS u(id)
+        ORDER BY u.id
+        ON CONFLICT (worker_id) DO UPDATE
+            SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL
+            WHERE w.state IN ('stopped', 'dead');
+        SELECT array_agg(u.id ORDER BY u.ord), array_agg(w.lease_timeout ORDER BY u.ord) INTO v_ids, v_leases
+        FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
+        JOIN files.workers w ON w.worker_id = u.id
+        WHERE w.state = 'active';
+        IF v_ids IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    SELECT array_agg(q.queue ORDER BY q.queue) INTO v_queues
+    FROM files.queues q
+    WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues));
+    IF v_queues IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Lock the rows to take: the best rows of each queue (an index range scan
+    -- of files_claim_idx each), then the best of those.
+    SELECT array_agg(p.id ORDER BY p.priority DESC, p.id) INTO v_rows
+    FROM (
+        SELECT l.id, l.priority FROM unnest(v_queues) AS q(name)
+        CROSS JOIN LATERAL (
+            SELECT f.id, f.priority FROM files.files f
+            WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+            ORDER BY f.priority DESC, f.id
+            LIMIT cardinality(v_ids)
+            FOR UPDATE SKIP LOCKED
+        ) l
+        ORDER BY l.priority DESC, l.id
+        LIMIT cardinality(v_ids)
+    ) p;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- The i-th best row goes to the i-th slot: one unnest zips the arrays and
+    -- drives one primary-key lookup per row, the only plan that fits (a
+    -- condition "id = ANY (v_rows)" beside the join would let a generic plan
+    -- rescan the arrays for each row: quadratic).
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE files.files f
+        SET state = 'running', worker_id = p.worker_id, attempt = f.attempt + 1,
+            claimed_at = now(), lease_expires_at = now() + p.lease_timeout
+        FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
+             AS p(id, worker_id, lease_timeout)
+        WHERE f.id = p.id
+        RETURNING f.*
+    )
+    SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.claim_batch(text[], text[]) IS
+    'Claims at most one claimable row for each active slot of worker_ids, in one statement (files.claim''s order, '
+    'paused queues and run_after apply; queues NULL = all). Unknown slots are registered, draining ones take nothing. '
+    'Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
+
+-- Recording outcomes. Each is fenced: it does nothing, and returns false or
+-- leaves the row out of its answer, unless the row is still held by that
+-- worker_id in that attempt.
+
 -- +goose StatementBegin
 CREATE FUNCTION files.complete(id bigint, worker_id text, attempt integer, result jsonb DEFAULT NULL, report jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    n integer;
 BEGIN
-    UPDATE files.files f
-    SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = complete.result
-    WHERE f.id = complete.id AND f.state = 'running'
-      AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-
-    UPDATE files.attempts a
-    SET outcome = 'done', finished_at = now(), output = complete.result,
-        exit_code = (complete.report ->> 'exit_code')::integer,
-        duration = coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - a.started_at),
-        stderr_tail = complete.report ->> 'stderr_tail'
-    WHERE a.file_id = complete.id AND a.attempt = complete.attempt
-      AND a.worker_id = complete.worker_id AND a.outcome IS NULL;
-    RETURN true;
+    -- As files.complete_many does for each of its rows.
+    WITH done AS (
+        UPDATE files.files f
+        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = complete.result
+        WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
+        RETURNING f.id, f.claimed_at
+    ), logged AS (
+        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+                                    exit_code, duration, output, stderr_tail)
+        SELECT d.id, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+               (complete.report ->> 'exit_code')::integer,
+               coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
+               complete.result, complete.report ->> 'stderr_tail'
+        FROM done d
+    )
+    SELECT count(*) INTO n FROM done;
+    RETURN n > 0;
 END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.complete(bigint, text, integer, jsonb, jsonb) IS
     'Fenced: marks the row done with result if worker_id still holds it in this attempt; otherwise returns false and changes nothing. '
     'report may carry exit_code, duration_ms and stderr_tail for files.attempts.';
+
+-- +goose StatementBegin
+CREATE FUNCTION files.complete_many(
+    ids bigint[], worker_ids text[], attempts integer[], results jsonb[] DEFAULT NULL, reports jsonb[] DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.worker_ids)
+       OR cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.attempts)
+       OR (complete_many.results IS NOT NULL AND cardinality(complete_many.results) <> cardinality(complete_many.ids))
+       OR (complete_many.reports IS NOT NULL AND cardinality(complete_many.reports) <> cardinality(complete_many.ids)) THEN
+        RAISE EXCEPTION 'files.complete_many: ids, worker_ids, attempts, results and reports must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- One statement for the batch, one primary-key lookup per element, in id
+    -- order (as files.heartbeat locks, so that the two cannot deadlock). The
+    -- fence is worker_id and attempt: a row has a worker_id only while it runs
+    -- (files_worker_iff_running). Nothing here lets the planner prefer a scan
+    -- of the running rows or a join that rescans the arrays, with fresh
+    -- statistics or stale ones, in custom or generic plans. An id given twice
+    -- is recorded once.
+    RETURN QUERY
+    WITH done AS (
+        UPDATE files.files f
+        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = u.result
+        FROM (SELECT x.* FROM unnest(complete_many.ids, complete_many.worker_ids, complete_many.attempts,
+                                     complete_many.results, complete_many.reports)
+                              AS x(id, worker_id, attempt, result, report)
+              ORDER BY x.id) u
+        WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.result, u.report
+    ), logged AS (
+        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+                                    exit_code, duration, output, stderr_tail)
+        SELECT d.id, d.attempt, d.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+               (d.report ->> 'exit_code')::integer,
+               coalesce((d.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
+               d.result, d.report ->> 'stderr_tail'
+        FROM done d
+    )
+    SELECT d.id FROM done d;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) IS
+    'Fenced, batched files.complete: element i of each array describes one row. Marks done each row still held by its '
+    'worker_id in its attempt, in one statement, and returns the ids it marked; the others are left unchanged.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.fail(id bigint, worker_id text, attempt integer, error text, retryable boolean DEFAULT true, report jsonb DEFAULT NULL)
@@ -208,13 +345,12 @@ BEGIN
         WHERE f.id = r.id;
     END IF;
 
-    UPDATE files.attempts a
-    SET outcome = 'failed', finished_at = now(), error = v_error,
-        exit_code = (fail.report ->> 'exit_code')::integer,
-        duration = coalesce((fail.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - a.started_at),
-        output = fail.report -> 'output',
-        stderr_tail = fail.report ->> 'stderr_tail'
-    WHERE a.file_id = r.id AND a.attempt = r.attempt AND a.worker_id = r.worker_id AND a.outcome IS NULL;
+    INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error,
+                                exit_code, duration, output, stderr_tail)
+    VALUES (r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'failed', v_error,
+            (fail.report ->> 'exit_code')::integer,
+            coalesce((fail.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - r.claimed_at),
+            fail.report -> 'output', fail.report ->> 'stderr_tail');
     RETURN true;
 END
 $$;
@@ -224,6 +360,41 @@ COMMENT ON FUNCTION files.fail(bigint, text, integer, text, boolean, jsonb) IS
     'until max_attempts, or at once ends failed when retryable is false. Returns false and changes nothing if the attempt no longer holds the row.';
 
 -- +goose StatementBegin
+CREATE FUNCTION files.fail_many(
+    ids bigint[], worker_ids text[], attempts integer[], errors text[],
+    retryable boolean[] DEFAULT NULL, reports jsonb[] DEFAULT NULL)
+RETURNS TABLE (id bigint, state text, run_after timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    i integer;
+BEGIN
+    IF cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.worker_ids)
+       OR cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.attempts)
+       OR cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.errors)
+       OR (fail_many.retryable IS NOT NULL AND cardinality(fail_many.retryable) <> cardinality(fail_many.ids))
+       OR (fail_many.reports IS NOT NULL AND cardinality(fail_many.reports) <> cardinality(fail_many.ids)) THEN
+        RAISE EXCEPTION 'files.fail_many: ids, worker_ids, attempts, errors, retryable and reports must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- In id order, as files.heartbeat locks, so that the two cannot deadlock.
+    FOR i IN SELECT u.n FROM unnest(fail_many.ids) WITH ORDINALITY AS u(id, n) ORDER BY u.id, u.n LOOP
+        IF files.fail(fail_many.ids[i], fail_many.worker_ids[i], fail_many.attempts[i], fail_many.errors[i],
+                      coalesce(fail_many.retryable[i], true), fail_many.reports[i]) THEN
+            RETURN QUERY SELECT f.id, f.state, f.run_after FROM files.files f WHERE f.id = fail_many.ids[i];
+        END IF;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.fail_many(bigint[], text[], integer[], text[], boolean[], jsonb[]) IS
+    'Fenced, batched files.fail: element i of each array describes one row (retryable defaults to true). Returns, for each '
+    'row it recorded, its new state and run_after: pending rows are retried at run_after, so a worker knows when to look again.';
+
+-- +goose StatementBegin
 CREATE FUNCTION files.release(id bigint, worker_id text, attempt integer, reason text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -231,22 +402,21 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_queue text;
+    v_queue   text;
+    v_claimed timestamptz;
 BEGIN
     UPDATE files.files f
     SET state = 'pending', worker_id = NULL, lease_expires_at = NULL, attempt = f.attempt - 1, run_after = now()
     WHERE f.id = release.id AND f.state = 'running'
       AND f.worker_id = release.worker_id AND f.attempt = release.attempt
-    RETURNING f.queue INTO v_queue;
+    RETURNING f.queue, f.claimed_at INTO v_queue, v_claimed;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
 
-    UPDATE files.attempts a
-    SET outcome = 'released', finished_at = now(), duration = now() - a.started_at,
-        error = coalesce(release.reason, 'released')
-    WHERE a.file_id = release.id AND a.attempt = release.attempt
-      AND a.worker_id = release.worker_id AND a.outcome IS NULL;
+    INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+    VALUES (release.id, release.attempt, release.worker_id, coalesce(v_claimed, now()), now(), 'released',
+            coalesce(release.reason, 'released'), now() - coalesce(v_claimed, now()));
     PERFORM pg_notify('files_pending', v_queue);
     RETURN true;
 END
@@ -254,6 +424,8 @@ $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.release(bigint, text, integer, text) IS
     'Fenced: hands a running row back to the queue without spending an attempt (shutdown, drain). Returns false if the attempt no longer holds it.';
+
+-- Worker slots: registration, liveness, draining, and the reaping of silent ones.
 
 -- +goose StatementBegin
 CREATE FUNCTION files.register_worker(
@@ -269,6 +441,7 @@ BEGIN
         RAISE EXCEPTION 'files.register_worker: worker_id must not be NULL or empty'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM files.fleet_heard();
     INSERT INTO files.workers AS w (worker_id, node, pid, slot, version, queues, lease_timeout)
     VALUES (register_worker.worker_id, register_worker.node, register_worker.pid, register_worker.slot,
             register_worker.version, register_worker.queues, coalesce(register_worker.lease_timeout, interval '15 seconds'))
@@ -290,6 +463,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM files.fleet_heard();
     -- Lock in a fixed order, as files.reap does, so that the two cannot deadlock.
     UPDATE files.workers w
     SET last_heartbeat_at = now(),
@@ -315,6 +489,28 @@ $$;
 COMMENT ON FUNCTION files.heartbeat(text[]) IS
     'One call per process and interval: marks the slots alive, extends the leases of their running rows, and returns '
     'the rows (worker_id, file_id, attempt) they still hold. A row missing from the answer was lost: stop working on it.';
+
+-- +goose StatementBegin
+CREATE FUNCTION files.drain_worker(VARIADIC worker_ids text[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE files.workers w SET state = 'draining'
+    FROM (SELECT x.worker_id FROM files.workers x
+          WHERE x.worker_id = ANY (drain_worker.worker_ids) AND x.state = 'active'
+          ORDER BY x.worker_id FOR UPDATE) l
+    WHERE w.worker_id = l.worker_id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.drain_worker(text[]) IS
+    'Marks active slots draining: they finish the rows they hold and claim no more. Returns the number of slots marked.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.deregister_worker(worker_id text)
@@ -344,6 +540,65 @@ COMMENT ON FUNCTION files.deregister_worker(text) IS
     'Marks a slot stopped and releases the rows it still holds (without spending attempts). Returns how many rows were released.';
 
 -- +goose StatementBegin
+CREATE FUNCTION files.backlog(queues text[] DEFAULT NULL, cap integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*) FROM (
+        SELECT 1 FROM files.files f
+        JOIN files.queues q ON q.queue = f.queue AND NOT q.paused
+        WHERE f.state = 'pending' AND f.run_after <= now()
+          AND (backlog.queues IS NULL OR f.queue = ANY (backlog.queues))
+        LIMIT greatest(backlog.cap, 0)
+    ) b;
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.backlog(text[], integer) IS
+    'Rows claimable now in queues (NULL = all), counted up to cap so that a large backlog costs no more than cap index entries. '
+    'Workers that scale their slots read it while busy.';
+
+-- A silence of the whole fleet (every live slot silent past its lease timeout)
+-- is an outage of the database or of the network between them (a restart, a
+-- failover, a PgBouncer outage), not of the workers: the first sign of life
+-- after it is noted, and a slot's silence counts from then at the earliest. A
+-- worker that really died meanwhile is reaped one lease timeout later.
+
+-- +goose StatementBegin
+CREATE FUNCTION files.fleet_heard()
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_silent boolean;
+    v_since  timestamptz;
+BEGIN
+    -- If even the live slot heard from last has been silent past its lease,
+    -- the whole fleet was: the caller is the first sign of life since. One
+    -- index entry of workers_live_idx is read; the row is written once per
+    -- outage.
+    SELECT w.last_heartbeat_at < now() - w.lease_timeout INTO v_silent
+    FROM files.workers w
+    WHERE w.state IN ('active', 'draining')
+    ORDER BY w.last_heartbeat_at DESC LIMIT 1;
+    IF v_silent THEN
+        -- Many first signs of life at once (every node reconnects): the others
+        -- wait for the first to commit, then leave its time in place.
+        UPDATE files.reap_state s SET fleet_resumed_at = now()
+        WHERE s.fleet_resumed_at < now() - interval '1 second';
+    END IF;
+    SELECT greatest(s.fleet_resumed_at, pg_postmaster_start_time()) INTO v_since FROM files.reap_state s;
+    RETURN coalesce(v_since, pg_postmaster_start_time());
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.fleet_heard() IS
+    'Called by files.heartbeat, files.register_worker and files.reap: notes the end of a silence of the whole fleet '
+    '(files.reap_state) and returns the time from which a slot''s silence counts: the server''s start or the end of '
+    'the fleet''s last silence, whichever is later.';
+
+-- +goose StatementBegin
 CREATE FUNCTION files.reap()
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -352,25 +607,28 @@ AS $$
 DECLARE
     n        integer;
     v_queues text[];
+    v_since  timestamptz;
 BEGIN
     -- Every node may call reap at once: one does the work, the others return at once.
     IF NOT pg_try_advisory_xact_lock(hashtext('files.reap')) THEN
         RETURN 0;
     END IF;
-    -- While the server was down nobody could heartbeat: a slot's silence counts
-    -- from the server's start at the earliest.
+    -- While the server was down, failing over, or out of the fleet's reach,
+    -- nobody could heartbeat: a slot's silence counts from the server's start,
+    -- and from the end of the fleet's last silence, at the earliest.
+    v_since := files.fleet_heard();
     UPDATE files.workers w SET state = 'dead', stopped_at = now()
     FROM (SELECT x.worker_id FROM files.workers x
           WHERE x.state IN ('active', 'draining')
-            AND greatest(x.last_heartbeat_at, pg_postmaster_start_time()) < now() - x.lease_timeout
+            AND greatest(x.last_heartbeat_at, v_since) < now() - x.lease_timeout
           ORDER BY x.worker_id FOR UPDATE SKIP LOCKED) l
     WHERE w.worker_id = l.worker_id;
 
     WITH expired AS (
-        SELECT x.id, x.worker_id, x.attempt FROM files.files x
+        SELECT x.id, x.worker_id, x.attempt, x.claimed_at FROM files.files x
         LEFT JOIN files.workers w ON w.worker_id = x.worker_id
         WHERE x.state = 'running' AND x.lease_expires_at < now()
-          AND pg_postmaster_start_time() < now() - coalesce(w.lease_timeout, interval '15 seconds')
+          AND v_since < now() - coalesce(w.lease_timeout, interval '15 seconds')
         ORDER BY x.id FOR UPDATE OF x SKIP LOCKED
     ), returned AS (
         UPDATE files.files f
@@ -379,12 +637,12 @@ BEGIN
             worker_id = NULL, lease_expires_at = NULL, run_after = now(),
             last_error = format('lost: worker %s stopped heartbeating', e.worker_id)
         FROM expired e WHERE f.id = e.id
-        RETURNING f.id, f.queue, f.state, f.last_error, e.worker_id, e.attempt
+        RETURNING f.id, f.queue, f.state, f.last_error, e.worker_id, e.attempt, e.claimed_at
     ), logged AS (
-        UPDATE files.attempts a
-        SET outcome = 'lost', finished_at = now(), duration = now() - a.started_at, error = r.last_error
+        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+        SELECT r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'lost', r.last_error,
+               now() - coalesce(r.claimed_at, now())
         FROM returned r
-        WHERE a.file_id = r.id AND a.attempt = r.attempt AND a.worker_id = r.worker_id AND a.outcome IS NULL
     )
     SELECT count(*), array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'pending')
     INTO n, v_queues FROM returned r;
@@ -396,7 +654,11 @@ $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.reap() IS
     'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
-    '(attempt outcome lost; failed once max_attempts is spent). Safe to call from every node at once. Returns the number of rows returned.';
+    '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
+    'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
+    'at once. Returns the number of rows returned.';
+
+-- Operators: cancel, retry, pause and resume.
 
 -- +goose StatementBegin
 CREATE FUNCTION files.cancel(VARIADIC ids bigint[])
@@ -409,7 +671,7 @@ DECLARE
     v_told text[];
 BEGIN
     WITH target AS (
-        SELECT x.id, x.state, x.worker_id, x.attempt FROM files.files x
+        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at FROM files.files x
         WHERE x.id = ANY (cancel.ids) AND x.state IN ('pending', 'running')
         ORDER BY x.id FOR UPDATE
     ), cancelled AS (
@@ -418,11 +680,10 @@ BEGIN
         FROM target t WHERE f.id = t.id
         RETURNING f.id
     ), logged AS (
-        UPDATE files.attempts a
-        SET outcome = 'cancelled', finished_at = now(), duration = now() - a.started_at, error = 'cancelled'
-        FROM target t
-        WHERE t.state = 'running' AND a.file_id = t.id AND a.attempt = t.attempt
-          AND a.worker_id = t.worker_id AND a.outcome IS NULL
+        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+        SELECT t.id, t.attempt, t.worker_id, coalesce(t.claimed_at, now()), now(), 'cancelled', 'cancelled',
+               now() - coalesce(t.claimed_at, now())
+        FROM target t WHERE t.state = 'running'
     )
     SELECT count(*),
            array_agg(json_build_object('op', 'cancel', 'file_id', t.id, 'worker_id', t.worker_id)::text)
@@ -514,13 +775,17 @@ DROP FUNCTION files.pause_queue(text);
 DROP FUNCTION files.retry(bigint[], text);
 DROP FUNCTION files.cancel(bigint[]);
 DROP FUNCTION files.reap();
+DROP FUNCTION files.fleet_heard();
+DROP FUNCTION files.backlog(text[], integer);
 DROP FUNCTION files.deregister_worker(text);
+DROP FUNCTION files.drain_worker(text[]);
 DROP FUNCTION files.heartbeat(text[]);
 DROP FUNCTION files.register_worker(text, text, integer, integer, text, text[], interval);
 DROP FUNCTION files.release(bigint, text, integer, text);
+DROP FUNCTION files.fail_many(bigint[], text[], integer[], text[], boolean[], jsonb[]);
 DROP FUNCTION files.fail(bigint, text, integer, text, boolean, jsonb);
+DROP FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]);
 DROP FUNCTION files.complete(bigint, text, integer, jsonb, jsonb);
+DROP FUNCTION files.claim_batch(text[], text[]);
 DROP FUNCTION files.get_unprocessed_entry_by_priority(text);
 DROP FUNCTION files.claim(text, text[], integer);
-DROP TRIGGER files_enqueued ON files.files;
-DROP FUNCTION files.notify_enqueued();

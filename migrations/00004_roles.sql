@@ -30,16 +30,21 @@ GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
 
 -- Workers run the worker API and read the views; they write only through the API.
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
-GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics TO pgworker_worker;
+GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.reap_state TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
     files.claim(text, text[], integer),
     files.get_unprocessed_entry_by_priority(text),
+    files.claim_batch(text[], text[]),
     files.complete(bigint, text, integer, jsonb, jsonb),
+    files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]),
     files.fail(bigint, text, integer, text, boolean, jsonb),
+    files.fail_many(bigint[], text[], integer[], text[], boolean[], jsonb[]),
     files.release(bigint, text, integer, text),
-    files.heartbeat(text[]),
     files.register_worker(text, text, integer, integer, text, text[], interval),
+    files.heartbeat(text[]),
+    files.drain_worker(text[]),
     files.deregister_worker(text),
+    files.backlog(text[], integer),
     files.reap()
 TO pgworker_worker;
 
@@ -60,3 +65,5 @@ TO pgworker_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA files FROM pgworker_worker, pgworker_reader, pgworker_admin;
 REVOKE ALL ON ALL TABLES IN SCHEMA files FROM pgworker_worker, pgworker_reader, pgworker_admin;
 REVOKE ALL ON SCHEMA files FROM pgworker_worker, pgworker_reader, pgworker_admin;
+-- Functions are executable by PUBLIC until Up revokes it.
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA files TO PUBLIC;

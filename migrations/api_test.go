@@ -215,7 +215,7 @@ func TestFencing(t *testing.T) {
 	pool := pgtest.Pool(t)
 	mustExec(t, pool, "SELECT files.register_worker('w1', lease_timeout => '1 second')")
 	// w2, the reaper, is alive: when the whole fleet is silent, reap blames
-	// the database (00007_outage_grace).
+	// the database (files.fleet_heard).
 	mustExec(t, pool, "SELECT files.register_worker('w2')")
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b'), ('c')")
 	rows := claim(t, pool, "w1", 3)
@@ -283,7 +283,7 @@ func TestHeartbeatExtendsLeases(t *testing.T) {
 	mustExec(t, pool, "SELECT files.register_worker('hb1', lease_timeout => '1 second')")
 	mustExec(t, pool, "SELECT files.register_worker('hb2', lease_timeout => '1 second')")
 	// The reaper is alive: when the whole fleet is silent, reap blames the
-	// database (00007_outage_grace).
+	// database (files.fleet_heard).
 	mustExec(t, pool, "SELECT files.register_worker('hb-reaper')")
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b')")
 	claim(t, pool, "hb1", 1)

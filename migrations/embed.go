@@ -1,5 +1,7 @@
 // Package migrations holds the goose migrations that build schema files: the
-// work queue, its SQL API, the operator views and the roles.
+// tables of the work queue, its SQL API, the operator views, the roles and the
+// scaling hint. README.md says how to add one; sql/schema.sql is the same
+// schema as one script, and a test fails when the two differ.
 //
 // The goose CLI runs the folder as it is:
 //

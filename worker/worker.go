@@ -72,6 +72,14 @@ const (
 	sqlFail        = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::boolean[], $6::jsonb[])`
 )
 
+// Defaults of Config.HeartbeatInterval and Config.LeaseTimeout. A slot that
+// names no lease gets DefaultLeaseTimeout from the SQL API too
+// (files.register_worker, files.workers.lease_timeout).
+const (
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultLeaseTimeout      = 15 * time.Second
+)
+
 // stopGrace is how long Stop waits for handlers to return once it has
 // cancelled them.
 const stopGrace = 5 * time.Second
@@ -285,8 +293,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		minSlots:    max(cfg.Slots, 1),
 		threshold:   cfg.ScaleThreshold,
 		timeout:     max(cfg.Timeout, 0),
-		heartbeat:   retry.OrDefault(cfg.HeartbeatInterval, 5*time.Second),
-		lease:       retry.OrDefault(cfg.LeaseTimeout, 15*time.Second),
+		heartbeat:   retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval),
+		lease:       retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout),
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		listener:    cfg.Listener,
 		listenURL:   cfg.ListenURL,

@@ -29,7 +29,7 @@ COMMENT ON COLUMN files.scaling_settings.max_nodes IS 'The hint never asks for m
 COMMENT ON COLUMN files.scaling_settings.slots_per_node IS
     'Slots of one node. NULL: measured from the live workers (active slots per process), else taken from the most recently started process, else 1.';
 COMMENT ON COLUMN files.scaling_settings.sample_window IS
-    'Attempts that ended (done or failed) within this window, at most the last 50 of each slot, give the mean attempt time.';
+    'Attempts that ended (done or failed) within this window, among the newest 50 per live slot of the fleet, give the mean attempt time.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.scaling_hint(target_drain interval DEFAULT NULL, min_nodes integer DEFAULT NULL, max_nodes integer DEFAULT NULL)
@@ -52,6 +52,7 @@ RETURNS TABLE (
 )
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 WITH settings AS (
     SELECT extract(epoch FROM coalesce(scaling_hint.target_drain, c.target_drain)) AS drain_s,
@@ -92,16 +93,17 @@ busy AS (
     WHERE f.state = 'running'
     GROUP BY f.queue
 ),
--- Attempts carried to an outcome within the window, at most the last 50 of
--- each slot, found through the slots that can have recorded them (index
--- attempts_worker_idx): the cost is bounded by the number of slots, however
--- busy the fleet and however long its history. Time per attempt is claim to
--- outcome: what a slot is busy with, transfers included.
+-- Attempts carried to an outcome within the window, among the newest 50 per
+-- slot that can have recorded them. files.attempts is written at the outcome,
+-- so its primary key follows finished_at and its highest ids are the recent
+-- history: one range of the primary key, bounded by the number of slots
+-- however busy the fleet and however long its history. Time per attempt is
+-- claim to outcome: what a slot is busy with, transfers included.
 recent AS (
     SELECT a.queue, count(*) AS attempts, sum(a.busy_s) AS busy_s
     FROM settings s
     CROSS JOIN LATERAL (
-        SELECT w.worker_id FROM files.workers w
+        SELECT count(*) AS slots FROM files.workers w
         WHERE w.state IN ('active', 'draining')
            OR greatest(w.last_heartbeat_at, w.stopped_at) > now() - s.sample_window - 2 * w.lease_timeout
     ) w
@@ -109,9 +111,8 @@ recent AS (
         SELECT (SELECT f.queue FROM files.files f WHERE f.id = x.file_id) AS queue,
                extract(epoch FROM x.finished_at - x.started_at) AS busy_s
         FROM files.attempts x
-        WHERE x.worker_id = w.worker_id AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
-        ORDER BY x.finished_at DESC
-        LIMIT 50
+        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - 50 * w.slots
+          AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
     ) a
     GROUP BY a.queue
 ),
@@ -211,7 +212,8 @@ COMMENT ON COLUMN files.scaling_hint.pending IS 'Pending rows, those waiting for
 COMMENT ON COLUMN files.scaling_hint.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff).';
 COMMENT ON COLUMN files.scaling_hint.running IS 'Rows being worked on.';
 COMMENT ON COLUMN files.scaling_hint.oldest_pending_age IS 'Age of the oldest pending row.';
-COMMENT ON COLUMN files.scaling_hint.recent_attempts IS 'Attempts that ended done or failed within the sample window (at most the last 50 of each slot).';
+COMMENT ON COLUMN files.scaling_hint.recent_attempts IS
+    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet).';
 COMMENT ON COLUMN files.scaling_hint.mean_attempt_time IS
     'Mean time from claim to outcome of those attempts (the fleet''s when the queue has none); NULL when nothing ended within the window.';
 COMMENT ON COLUMN files.scaling_hint.nodes IS 'Worker processes (one per node) with an active slot serving the queue.';

@@ -1,5 +1,6 @@
--- The files schema: the work queue (files.files), its worker slots, the history
--- of every attempt, and per-queue settings.
+-- The tables of schema files: the work queue (files.files), its queues, its
+-- worker slots, the history of every ended attempt, and the bookkeeping of
+-- files.reap; then the triggers that keep files.files' neighbours in step.
 
 -- +goose Up
 CREATE SCHEMA files;
@@ -83,8 +84,6 @@ COMMENT ON INDEX files.files_claim_idx IS 'Serves files.claim: pending rows per 
 -- Running rows by holder, for heartbeats, fencing and reaping.
 CREATE INDEX files_running_idx ON files.files (worker_id) WHERE state = 'running';
 COMMENT ON INDEX files.files_running_idx IS 'Running rows by worker slot: heartbeats, reap, active_workers.';
-CREATE INDEX files_finished_idx ON files.files (finished_at) WHERE finished_at IS NOT NULL;
-COMMENT ON INDEX files.files_finished_idx IS 'Recently finished rows, for files.queue_stats.';
 
 CREATE TABLE files.workers (
     worker_id          text        PRIMARY KEY,
@@ -122,7 +121,7 @@ COMMENT ON INDEX files.workers_live_idx IS 'Live slots by last heartbeat, for fi
 
 CREATE TABLE files.attempts (
     id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    file_id      bigint      NOT NULL REFERENCES files.files (id) ON DELETE CASCADE,
+    file_id      bigint      NOT NULL,
     attempt      integer     NOT NULL,
     worker_id    text        NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
@@ -137,13 +136,16 @@ CREATE TABLE files.attempts (
     CONSTRAINT attempts_finished_iff_outcome CHECK ((outcome IS NULL) = (finished_at IS NULL))
 );
 COMMENT ON TABLE files.attempts IS
-    'History: one row per attempt at a file. outcome is NULL while the attempt runs.';
+    'History: one row per ended attempt at a file, written when the attempt ends. A running attempt is described by its '
+    'files.files row (worker_id, attempt, claimed_at).';
 COMMENT ON COLUMN files.attempts.id IS 'Attempt row identity.';
-COMMENT ON COLUMN files.attempts.file_id IS 'The file (files.files.id).';
+COMMENT ON COLUMN files.attempts.file_id IS
+    'The file (files.files.id). Written by the SQL API from the row it updates; deleting files deletes their attempts '
+    '(trigger files_delete_attempts, no foreign key: its check cost a query per outcome).';
 COMMENT ON COLUMN files.attempts.attempt IS
-    'Attempt number of the file at claim time (a released attempt''s number is used again).';
+    'Attempt number of the file (a released attempt''s number is used again).';
 COMMENT ON COLUMN files.attempts.worker_id IS 'The slot that ran the attempt.';
-COMMENT ON COLUMN files.attempts.started_at IS 'When the attempt was claimed.';
+COMMENT ON COLUMN files.attempts.started_at IS 'When the attempt was claimed (files.files.claimed_at).';
 COMMENT ON COLUMN files.attempts.finished_at IS 'When the outcome was recorded.';
 COMMENT ON COLUMN files.attempts.outcome IS
     'done, failed, lost (its worker went silent), released (handed back unfinished) or cancelled.';
@@ -153,10 +155,89 @@ COMMENT ON COLUMN files.attempts.duration IS 'Processing time reported by the wo
 COMMENT ON COLUMN files.attempts.output IS 'What the attempt produced (pgworker run: the manifest of uploaded objects).';
 COMMENT ON COLUMN files.attempts.stderr_tail IS 'The last part of the backend''s standard error.';
 
+-- Attempts are written at their outcome, so the primary key follows
+-- finished_at: files.scaling_hint reads the newest attempts from one range of
+-- it. There is no index by slot and no foreign key to files.files: each
+-- outcome would pay an entry or a check query, for reads that do without.
 CREATE INDEX attempts_file_idx ON files.attempts (file_id, attempt);
 COMMENT ON INDEX files.attempts_file_idx IS 'Attempts of a file; fenced outcome updates.';
-CREATE INDEX attempts_worker_idx ON files.attempts (worker_id, finished_at);
-COMMENT ON INDEX files.attempts_worker_idx IS 'Attempts by slot, for files.worker_metrics.';
+
+CREATE TABLE files.reap_state (
+    singleton        boolean     PRIMARY KEY DEFAULT true,
+    fleet_resumed_at timestamptz NOT NULL DEFAULT '-infinity',
+    CONSTRAINT reap_state_one_row CHECK (singleton)
+);
+INSERT INTO files.reap_state DEFAULT VALUES;
+COMMENT ON TABLE files.reap_state IS
+    'One row of bookkeeping for files.reap, kept by the SQL API.';
+COMMENT ON COLUMN files.reap_state.singleton IS 'Always true: keeps the table at one row.';
+COMMENT ON COLUMN files.reap_state.fleet_resumed_at IS
+    'When the fleet was last heard from again after every live slot had been silent past its lease timeout (the database '
+    'restarted or failed over, or the network or PgBouncer was down). files.reap counts silence from then at the earliest.';
+
+-- What INSERT (and COPY) into files.files does: register new queues and wake
+-- the idle workers, once per statement and queue.
+
+-- +goose StatementBegin
+CREATE FUNCTION files.notify_enqueued() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO files.queues (queue)
+    SELECT DISTINCT n.queue FROM enqueued n
+    WHERE NOT EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = n.queue)
+    ON CONFLICT DO NOTHING;
+
+    PERFORM pg_notify('files_pending', d.queue)
+    FROM (SELECT DISTINCT n.queue FROM enqueued n WHERE n.state = 'pending') d;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.notify_enqueued() IS
+    'Statement trigger on INSERT and COPY: registers new queues and sends one files_pending notification per queue and statement.';
+
+CREATE TRIGGER files_enqueued
+    AFTER INSERT ON files.files
+    REFERENCING NEW TABLE AS enqueued
+    FOR EACH STATEMENT EXECUTE FUNCTION files.notify_enqueued();
+COMMENT ON TRIGGER files_enqueued ON files.files IS
+    'Wakes idle workers: NOTIFY files_pending with the queue name, once per statement and queue.';
+
+-- What DELETE and TRUNCATE of files.files do: the attempts of the deleted rows
+-- go with them, once per statement.
+
+-- +goose StatementBegin
+CREATE FUNCTION files.delete_attempts() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        BEGIN
+            TRUNCATE files.attempts;
+        EXCEPTION WHEN object_in_use THEN
+            -- files.attempts is open in this session: named in the same
+            -- TRUNCATE (then already empty) or read by an open cursor.
+            DELETE FROM files.attempts;
+        END;
+    ELSE
+        DELETE FROM files.attempts a USING gone g WHERE a.file_id = g.id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.delete_attempts() IS
+    'Trigger of files.files: the attempts of deleted files go with them (one DELETE per statement), and TRUNCATE files.files empties files.attempts.';
+
+CREATE TRIGGER files_delete_attempts AFTER DELETE ON files.files
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
+COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts of the deleted rows, once per statement.';
+CREATE TRIGGER files_truncate_attempts AFTER TRUNCATE ON files.files
+    FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
+COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts too.';
 
 -- +goose Down
 DROP SCHEMA files CASCADE;
