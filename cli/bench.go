@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgworker/pgworker/benchmark"
+	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/blob"
 )
 

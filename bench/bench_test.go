@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/pgworker/pgworker/benchmark"
+	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/blob"
 	"github.com/pgworker/pgworker/internal/miniotest"
 	"github.com/pgworker/pgworker/internal/pgtest"
