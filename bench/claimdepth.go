@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -91,12 +91,12 @@ func (b *Bench) ClaimDepth(ctx context.Context, cfg *ClaimDepthConfig) (*ClaimDe
 	slices.Sort(c.Depths)
 	c.Depths = slices.Compact(c.Depths)
 	if c.Depths[0] < 1 {
-		return nil, errors.New("benchmark: claim-depth depths must be positive")
+		return nil, errors.New("bench: claim-depth depths must be positive")
 	}
 	c.Claims = orDefault(c.Claims, 200)
 	c.PendingPercent = orDefault(c.PendingPercent, 1)
 	if c.PendingPercent > 100 {
-		return nil, errors.New("benchmark: claim-depth pending percent must be at most 100")
+		return nil, errors.New("bench: claim-depth pending percent must be at most 100")
 	}
 	every := max(int64(100/c.PendingPercent+0.5), 1)
 	res := &ClaimDepthResult{Claims: c.Claims, PendingPercent: c.PendingPercent}
@@ -104,11 +104,11 @@ func (b *Bench) ClaimDepth(ctx context.Context, cfg *ClaimDepthConfig) (*ClaimDe
 		res.Setup = b.setup("claim-depth")
 		var track string
 		if err := b.pool.QueryRow(ctx, sqlTrackFunctions).Scan(&track); err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		conn, err := b.pool.Acquire(ctx)
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		defer conn.Release()
 		slot := workerPrefix + strconv.Itoa(os.Getpid()) + ":depth:0"
@@ -123,14 +123,14 @@ func (b *Bench) ClaimDepth(ctx context.Context, cfg *ClaimDepthConfig) (*ClaimDe
 			for have < depth {
 				to := min(have+fillChunk, depth)
 				if _, err := b.pool.Exec(ctx, sqlFillDepth, Queue, have+1, to, every); err != nil {
-					return fmt.Errorf("benchmark: add rows %d to %d: %w", have+1, to, explain(err))
+					return fmt.Errorf("bench: add rows %d to %d: %w", have+1, to, explain(err))
 				}
 				have = to
 			}
 			b.vacuum(ctx)
 			d := DepthClaim{Rows: depth, Pending: depth / int(every), BuildMS: ms(time.Since(t))}
 			if d.Pending == 0 {
-				return fmt.Errorf("benchmark: claim-depth %d rows with %g%% pending leaves none to claim", depth, c.PendingPercent)
+				return fmt.Errorf("bench: claim-depth %d rows with %g%% pending leaves none to claim", depth, c.PendingPercent)
 			}
 			// Warm up: the slot's registration, the plans, the cache.
 			if _, _, err := claimTimes(ctx, conn.Conn(), slot, 5); err != nil {
@@ -183,13 +183,13 @@ func claimTimes(ctx context.Context, conn *pgx.Conn, slot string, n int) (batch,
 		err := conn.QueryRow(ctx, sql, args...).Scan(&id, &attempt)
 		d := time.Since(t)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, errors.New("benchmark: a claim found no pending row")
+			return 0, errors.New("bench: a claim found no pending row")
 		}
 		if err != nil {
-			return 0, fmt.Errorf("benchmark: claim: %w", err)
+			return 0, fmt.Errorf("bench: claim: %w", err)
 		}
 		if _, err := conn.Exec(ctx, sqlRelease, id, slot, attempt, "pgworker bench"); err != nil {
-			return 0, fmt.Errorf("benchmark: release: %w", err)
+			return 0, fmt.Errorf("bench: release: %w", err)
 		}
 		return d, nil
 	}
@@ -216,7 +216,7 @@ type funcStats struct {
 func (b *Bench) functionStats(ctx context.Context) (map[string]funcStats, error) {
 	rows, err := b.pool.Query(ctx, sqlFunctionStats)
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: read pg_stat_user_functions: %w", err)
+		return nil, fmt.Errorf("bench: read pg_stat_user_functions: %w", err)
 	}
 	out := map[string]funcStats{}
 	var name string
@@ -226,7 +226,7 @@ func (b *Bench) functionStats(ctx context.Context) (map[string]funcStats, error)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: read pg_stat_user_functions: %w", err)
+		return nil, fmt.Errorf("bench: read pg_stat_user_functions: %w", err)
 	}
 	return out, nil
 }
@@ -263,7 +263,7 @@ func (b *Bench) settledFunctionStats(ctx context.Context, done func(map[string]f
 	since := time.Now()
 	for time.Since(since) < stable || !done(last) {
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("benchmark: the function statistics did not settle within %s (are other sessions claiming?)", limit)
+			return nil, fmt.Errorf("bench: the function statistics did not settle within %s (are other sessions claiming?)", limit)
 		}
 		if err := sleep(ctx, every); err != nil {
 			return nil, err

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -72,17 +72,17 @@ func (b *Bench) Herd(ctx context.Context, cfg *HerdConfig) (*HerdResult, error) 
 		res.Setup = b.setup("herd")
 		var free int
 		if err := b.pool.QueryRow(ctx, sqlFreeConns).Scan(&free); err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		if need := c.Processes * (herdConns + 1); need > free {
-			return fmt.Errorf("benchmark: herd with %d processes needs up to %d connections, and the server has %d free "+
+			return fmt.Errorf("bench: herd with %d processes needs up to %d connections, and the server has %d free "+
 				"(lower the processes or raise max_connections)", c.Processes, need, free)
 		}
 		// The server counts calls only with track_functions; a superuser may
 		// turn it on for the runtimes' sessions alone.
 		var track string
 		if err := b.pool.QueryRow(ctx, sqlTrackFunctions).Scan(&track); err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		var params map[string]string
 		if track == "none" {
@@ -114,7 +114,7 @@ func (b *Bench) Herd(ctx context.Context, cfg *HerdConfig) (*HerdResult, error) 
 			w, err := b.startWorker(ctx, pool, "herd"+strconv.Itoa(i), worker.Config{Handler: h, Slots: c.Slots})
 			if err != nil {
 				if params != nil && isPrivilege(err) {
-					return errors.New("benchmark: herd counts claims with pg_stat_user_functions, and track_functions is none " +
+					return errors.New("bench: herd counts claims with pg_stat_user_functions, and track_functions is none " +
 						"(set track_functions = 'pl' in postgresql.conf, or run the benchmark as a superuser)")
 				}
 				return err
@@ -145,13 +145,13 @@ func (b *Bench) Herd(ctx context.Context, cfg *HerdConfig) (*HerdResult, error) 
 		b.logger.Info("bench: inserting", "rows", c.Rows, "interval", c.Interval)
 		conn, err := b.pool.Acquire(ctx)
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		defer conn.Release()
 		for i := range c.Rows {
 			var id int64
 			if err := conn.QueryRow(ctx, sqlInsertOne, Queue, "herd/"+strconv.Itoa(i)).Scan(&id); err != nil {
-				return fmt.Errorf("benchmark: insert: %w", explain(err))
+				return fmt.Errorf("bench: insert: %w", explain(err))
 			}
 			want := int64(i + 1)
 			if err := waitFor(ctx, 30*time.Second, 200*time.Microsecond, "the row to be picked up", func() bool {
@@ -190,7 +190,7 @@ func (b *Bench) Herd(ctx context.Context, cfg *HerdConfig) (*HerdResult, error) 
 		res.ClaimBatchCalls = after["claim_batch"].calls - before["claim_batch"].calls
 		res.ClaimCalls = after["claim"].calls - before["claim"].calls
 		if res.ClaimBatchCalls+res.ClaimCalls == 0 {
-			return errors.New("benchmark: pg_stat_user_functions counted no claim (is track_functions on?)")
+			return errors.New("bench: pg_stat_user_functions counted no claim (is track_functions on?)")
 		}
 		total := float64(res.ClaimBatchCalls + res.ClaimCalls)
 		res.ClaimQueriesPerRow = round(total/float64(c.Rows), 3)

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -89,7 +89,7 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 				select {
 				case <-bell:
 				case <-deadline.C:
-					return fmt.Errorf("benchmark: %d of %d rows started %s after the last insert", startedCount(), n, timeout)
+					return fmt.Errorf("bench: %d of %d rows started %s after the last insert", startedCount(), n, timeout)
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -110,7 +110,7 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 
 		conn, err := b.pool.Acquire(ctx)
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		defer conn.Release()
 		n := latencyWarmup + c.Rows
@@ -120,7 +120,7 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		insert := func(seq int) error {
 			sent[seq] = time.Now()
 			if err := conn.QueryRow(ctx, sqlInsertOne, Queue, "latency/"+strconv.Itoa(seq)).Scan(&ids[seq]); err != nil {
-				return fmt.Errorf("benchmark: insert row %d: %w", seq, explain(err))
+				return fmt.Errorf("bench: insert row %d: %w", seq, explain(err))
 			}
 			committed[seq] = time.Now()
 			return nil
@@ -166,7 +166,7 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 			t, ok := started[ids[seq]]
 			if !ok {
 				mu.Unlock()
-				return fmt.Errorf("benchmark: row %d was not started", ids[seq])
+				return fmt.Errorf("bench: row %d was not started", ids[seq])
 			}
 			fromCommit = append(fromCommit, t.Sub(committed[seq]))
 			fromSend = append(fromSend, t.Sub(sent[seq]))

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"bytes"
@@ -84,7 +84,7 @@ type Rate struct {
 // first.
 func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineResult, error) {
 	if cfg == nil || cfg.Input == nil || cfg.Output == nil {
-		return nil, errors.New("benchmark: PipelineConfig.Input and Output are required")
+		return nil, errors.New("bench: PipelineConfig.Input and Output are required")
 	}
 	c := *cfg
 	c.Rows = orDefault(c.Rows, 2000)
@@ -96,7 +96,7 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 	}
 	runner, err := backend.New(&backend.Config{Command: c.Exec, Logger: b.logger})
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: backend: %w", err)
+		return nil, fmt.Errorf("bench: backend: %w", err)
 	}
 	res := &PipelineResult{
 		Rows: c.Rows, Slots: c.Slots, ObjectBytes: c.ObjectSize, Rounds: c.Rounds, Exec: c.Exec,
@@ -106,14 +106,14 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 		res.Setup = b.setup("pipeline")
 		workDir, err := os.MkdirTemp("", "pgworker-bench-")
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		defer os.RemoveAll(workDir)
 		ph, err := pipeline.New(&pipeline.Config{
 			Resolver: blob.NewResolver(c.Input), Output: c.Output, Runner: runner, WorkDir: workDir, Logger: b.logger,
 		})
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		h := &keepOutputs{h: ph}
 
@@ -140,7 +140,7 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 		}
 		// The worker waits on the paused queue while the loop runs.
 		if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
-			return fmt.Errorf("benchmark: pause queue %s: %w", Queue, explain(err))
+			return fmt.Errorf("bench: pause queue %s: %w", Queue, explain(err))
 		}
 		pool, err := b.workerPool(ctx, 6, nil)
 		if err != nil {
@@ -203,7 +203,7 @@ func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []strin
 	want := outcomes.count() + uint64(len(keys))
 	t0 := time.Now()
 	if _, err := b.pool.Exec(ctx, sqlResume, Queue); err != nil {
-		return 0, fmt.Errorf("benchmark: resume queue %s: %w", Queue, err)
+		return 0, fmt.Errorf("bench: resume queue %s: %w", Queue, err)
 	}
 	err := outcomes.wait(ctx, want)
 	elapsed := time.Since(t0)
@@ -211,7 +211,7 @@ func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []strin
 		return 0, err
 	}
 	if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
-		return 0, fmt.Errorf("benchmark: pause queue %s: %w", Queue, err)
+		return 0, fmt.Errorf("bench: pause queue %s: %w", Queue, err)
 	}
 	return elapsed, nil
 }
@@ -235,7 +235,7 @@ func direct(ctx context.Context, h worker.Handler, keys []string, slots int, fir
 					CreatedAt: t0, ClaimedAt: time.Now(),
 				}
 				if _, err := h.Handle(ctx, job); err != nil {
-					errs <- fmt.Errorf("benchmark: pipeline on %s: %w", keys[i], err)
+					errs <- fmt.Errorf("bench: pipeline on %s: %w", keys[i], err)
 					return
 				}
 			}
@@ -304,7 +304,7 @@ func upload(ctx context.Context, st blob.Store, keys []string, size, slots int) 
 			binary.BigEndian.PutUint64(b, uint64(i))
 		}
 		if _, err := st.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
-			return fmt.Errorf("benchmark: upload input %s: %w", key, err)
+			return fmt.Errorf("bench: upload input %s: %w", key, err)
 		}
 		return nil
 	})

@@ -2,9 +2,9 @@
 // `pgworker bench --json` and the River peer benchmark print, with the
 // machine they ran on, the commands, the figures and the goals:
 //
-//	go run ./internal/cmd/benchreport -commands commands.txt -o BENCHMARKS.md pgworker.jsonl river.jsonl
+//	go run ./bench/cmd/benchreport -commands commands.txt -o BENCHMARKS.md pgworker.jsonl river.jsonl
 //
-// make bench runs it (scripts/bench.sh). Each input line is one result
+// make bench runs it (bench/run.sh). Each input line is one result
 // object with "system" (pgworker or river) and "mode"; other lines are
 // skipped with a warning.
 package main
