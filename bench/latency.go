@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -48,61 +50,17 @@ type LatencyResult struct {
 // measures, per row, the time from the insert's commit returning to the
 // handler's start.
 func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult, error) {
-	c := LatencyConfig{}
-	if cfg != nil {
-		c = *cfg
-	}
-	c.Rows = orDefault(c.Rows, 500)
-	c.Rate = orDefault(c.Rate, 50)
-	c.Slots = orDefault(c.Slots, 100)
-	c.PickupTimeout = orDefault(c.PickupTimeout, 30*time.Second)
+	c := latencyDefaults(cfg)
 	res := &LatencyResult{Rows: c.Rows, Rate: c.Rate, Slots: c.Slots}
 	err := b.run(ctx, "latency", func(ctx context.Context) error {
 		res.Setup = b.setup("latency")
-		var (
-			mu      sync.Mutex
-			started = map[int64]time.Time{}
-			bell    = make(chan struct{}, 1)
-		)
-		h := worker.HandlerFunc(func(_ context.Context, job *worker.Job) (*worker.Result, error) {
-			now := time.Now()
-			mu.Lock()
-			if _, ok := started[job.ID]; !ok {
-				started[job.ID] = now
-			}
-			mu.Unlock()
-			select {
-			case bell <- struct{}{}:
-			default:
-			}
-			return nil, nil
-		})
-		startedCount := func() int {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(started)
-		}
-		waitStarted := func(n int, timeout time.Duration) error {
-			deadline := time.NewTimer(timeout)
-			defer deadline.Stop()
-			for startedCount() < n {
-				select {
-				case <-bell:
-				case <-deadline.C:
-					return fmt.Errorf("bench: %d of %d rows started %s after the last insert", startedCount(), n, timeout)
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			return nil
-		}
-
+		starts := newPickups()
 		pool, err := b.workerPool(ctx, 4, nil)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		w, err := b.startWorker(ctx, pool, "latency", worker.Config{Handler: h, Slots: c.Slots})
+		w, err := b.startWorker(ctx, pool, "latency", worker.Config{Handler: starts, Slots: c.Slots})
 		if err != nil {
 			return err
 		}
@@ -114,64 +72,25 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		}
 		defer conn.Release()
 		n := latencyWarmup + c.Rows
-		ids := make([]int64, n)
-		sent := make([]time.Time, n)
-		committed := make([]time.Time, n)
-		insert := func(seq int) error {
-			sent[seq] = time.Now()
-			if err := conn.QueryRow(ctx, sqlInsertOne, Queue, "latency/"+strconv.Itoa(seq)).Scan(&ids[seq]); err != nil {
-				return fmt.Errorf("bench: insert row %d: %w", seq, explain(err))
-			}
-			committed[seq] = time.Now()
-			return nil
-		}
-
+		ins := newInserts(conn, n)
 		interval := time.Duration(float64(time.Second) / c.Rate)
-		for seq := range latencyWarmup {
-			if err := insert(seq); err != nil {
-				return err
-			}
-			if err := waitStarted(seq+1, c.PickupTimeout); err != nil {
-				return fmt.Errorf("warm-up: %w", err)
-			}
-			if err := sleep(ctx, interval); err != nil {
-				return err
-			}
+		if err := ins.warmUp(ctx, starts, interval, c.PickupTimeout); err != nil {
+			return err
 		}
 		before := w.Stats().Claims
 		b.logger.Info("bench: inserting", "rows", c.Rows, "rate", c.Rate, "slots", c.Slots)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for seq := latencyWarmup; seq < n; seq++ {
-			if seq > latencyWarmup {
-				select {
-				case <-tick.C:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			if err := insert(seq); err != nil {
-				return err
-			}
+		if err := ins.atRate(ctx, latencyWarmup, interval); err != nil {
+			return err
 		}
-		if err := waitStarted(n, c.PickupTimeout); err != nil {
+		if err := starts.wait(ctx, n, c.PickupTimeout); err != nil {
 			return err
 		}
 		res.Claims = w.Stats().Claims - before
 
-		fromCommit := make([]time.Duration, 0, c.Rows)
-		fromSend := make([]time.Duration, 0, c.Rows)
-		mu.Lock()
-		for seq := latencyWarmup; seq < n; seq++ {
-			t, ok := started[ids[seq]]
-			if !ok {
-				mu.Unlock()
-				return fmt.Errorf("bench: row %d was not started", ids[seq])
-			}
-			fromCommit = append(fromCommit, t.Sub(committed[seq]))
-			fromSend = append(fromSend, t.Sub(sent[seq]))
+		fromCommit, fromSend, err := ins.latencies(starts, latencyWarmup)
+		if err != nil {
+			return err
 		}
-		mu.Unlock()
 		res.Percentiles = percentiles(fromCommit)
 		res.FromSend = percentiles(fromSend)
 		return nil
@@ -180,4 +99,149 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		return nil, err
 	}
 	return res, nil
+}
+
+func latencyDefaults(cfg *LatencyConfig) LatencyConfig {
+	c := LatencyConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Rows = orDefault(c.Rows, 500)
+	c.Rate = orDefault(c.Rate, 50)
+	c.Slots = orDefault(c.Slots, 100)
+	c.PickupTimeout = orDefault(c.PickupTimeout, 30*time.Second)
+	return c
+}
+
+// pickups is Latency's handler: it records when it first started each row
+// and rings bell at each start.
+type pickups struct {
+	mu      sync.Mutex
+	started map[int64]time.Time
+	bell    chan struct{}
+}
+
+func newPickups() *pickups {
+	return &pickups{started: map[int64]time.Time{}, bell: make(chan struct{}, 1)}
+}
+
+func (p *pickups) Handle(_ context.Context, job *worker.Job) (*worker.Result, error) {
+	now := time.Now()
+	p.mu.Lock()
+	if _, ok := p.started[job.ID]; !ok {
+		p.started[job.ID] = now
+	}
+	p.mu.Unlock()
+	select {
+	case p.bell <- struct{}{}:
+	default:
+	}
+	return nil, nil
+}
+
+func (p *pickups) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.started)
+}
+
+// at returns when the row id was started.
+func (p *pickups) at(id int64) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.started[id]
+	return t, ok
+}
+
+// wait returns once n rows have started, or fails when timeout passes
+// first.
+func (p *pickups) wait(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for p.count() < n {
+		select {
+		case <-p.bell:
+		case <-deadline.C:
+			return fmt.Errorf("bench: %d of %d rows started %s after the last insert", p.count(), n, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// inserts adds Latency's rows one at a time on one connection, and records
+// for each its id, when its insert was sent and when its commit returned.
+type inserts struct {
+	conn      *pgxpool.Conn
+	ids       []int64
+	sent      []time.Time
+	committed []time.Time
+}
+
+func newInserts(conn *pgxpool.Conn, n int) *inserts {
+	return &inserts{conn: conn, ids: make([]int64, n), sent: make([]time.Time, n), committed: make([]time.Time, n)}
+}
+
+func (in *inserts) insert(ctx context.Context, seq int) error {
+	in.sent[seq] = time.Now()
+	if err := in.conn.QueryRow(ctx, sqlInsertOne, Queue, "latency/"+strconv.Itoa(seq)).Scan(&in.ids[seq]); err != nil {
+		return fmt.Errorf("bench: insert row %d: %w", seq, explain(err))
+	}
+	in.committed[seq] = time.Now()
+	return nil
+}
+
+// warmUp inserts the first latencyWarmup rows, each once the previous one
+// has started and interval passed, proving the listener and the claimer
+// live.
+func (in *inserts) warmUp(ctx context.Context, starts *pickups, interval, timeout time.Duration) error {
+	for seq := range latencyWarmup {
+		if err := in.insert(ctx, seq); err != nil {
+			return err
+		}
+		if err := starts.wait(ctx, seq+1, timeout); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		if err := sleep(ctx, interval); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// atRate inserts the rows from first on, one every interval, without
+// waiting for them to start.
+func (in *inserts) atRate(ctx context.Context, first int, interval time.Duration) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for seq := first; seq < len(in.ids); seq++ {
+		if seq > first {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := in.insert(ctx, seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// latencies returns, for the rows from first on, the time from the commit
+// returning and from the insert being sent to the row's start.
+func (in *inserts) latencies(starts *pickups, first int) (fromCommit, fromSend []time.Duration, err error) {
+	fromCommit = make([]time.Duration, 0, len(in.ids)-first)
+	fromSend = make([]time.Duration, 0, len(in.ids)-first)
+	for seq := first; seq < len(in.ids); seq++ {
+		t, ok := starts.at(in.ids[seq])
+		if !ok {
+			return nil, nil, fmt.Errorf("bench: row %d was not started", in.ids[seq])
+		}
+		fromCommit = append(fromCommit, t.Sub(in.committed[seq]))
+		fromSend = append(fromSend, t.Sub(in.sent[seq]))
+	}
+	return fromCommit, fromSend, nil
 }
