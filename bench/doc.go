@@ -29,4 +29,11 @@
 //		return err
 //	}
 //	fmt.Printf("%.0f rows/s\n", res.RowsPerSec)
+//
+// Beside the package, the folder holds what turns its figures into
+// BENCHMARKS.md: run.sh (what `make bench` runs: every mode, and River
+// alternating with pgworker), cmd/benchreport (renders the report from the
+// modes' JSON lines), peers/ (River on the same workloads, a Go module of
+// its own) and other-measurements.md (figures measured by other means,
+// appended to the report).
 package bench
