@@ -38,7 +38,7 @@ test-faults: tools ## Run the fault suite in full (kill -9, restarts, partition,
 
 .PHONY: bench
 bench: tools ## Run every pgworker bench mode and the River peer benchmark on throwaway PostgreSQL and MinIO; write BENCHMARKS.md
-	$(GO) run ./internal/cmd/testenv --minio --bucket pgworker-bench -- ./scripts/bench.sh
+	$(GO) run ./internal/cmd/testenv --minio --bucket pgworker-bench -- ./bench/run.sh
 
 .PHONY: bench-go
 bench-go: ## Run the Go benchmarks (go test -bench)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgworker/pgworker/benchmark"
+	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/blob"
 )
 
@@ -206,7 +206,7 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 		fs.IntVar(&slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
 		fs.IntVar(&size, "size", 4096, "`BYTES` per input object")
 		fs.IntVar(&rounds, "rounds", 4, "`N` rounds, each running its share of the rows both ways")
-		fs.StringVar(&execCmd, "exec", benchmark.DefaultPipelineExec, "the backend `COMMAND`, with placeholders as for pgworker run")
+		fs.StringVar(&execCmd, "exec", bench.DefaultPipelineExec, "the backend `COMMAND`, with placeholders as for pgworker run")
 		fs.StringVar(&inputStore, "input-store", "", "`URL` to upload the inputs to: s3://bucket/prefix or file:///dir")
 		fs.env("input-store", "PGWORKER_INPUT_STORE")
 		fs.StringVar(&outputStore, "output-store", "", "`URL` for the outputs: s3://bucket/prefix or file:///dir")
@@ -270,7 +270,7 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	b, err := benchmark.New(pool, &benchmark.Config{Force: force, Version: version(), Logger: logger})
+	b, err := bench.New(pool, &bench.Config{Force: force, Version: version(), Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -278,17 +278,17 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	var res any
 	switch mode {
 	case "throughput":
-		res, err = b.Throughput(ctx, &benchmark.ThroughputConfig{Rows: rows, Slots: slots, MaxConns: maxConns})
+		res, err = b.Throughput(ctx, &bench.ThroughputConfig{Rows: rows, Slots: slots, MaxConns: maxConns})
 	case "latency":
-		res, err = b.Latency(ctx, &benchmark.LatencyConfig{Rows: rows, Rate: rate, Slots: slots})
+		res, err = b.Latency(ctx, &bench.LatencyConfig{Rows: rows, Rate: rate, Slots: slots})
 	case "claim-depth":
-		res, err = b.ClaimDepth(ctx, &benchmark.ClaimDepthConfig{Depths: depthList, Claims: claims})
+		res, err = b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: depthList, Claims: claims})
 	case "herd":
-		res, err = b.Herd(ctx, &benchmark.HerdConfig{Processes: processes, Slots: slots, Rows: rows, Interval: interval})
+		res, err = b.Herd(ctx, &bench.HerdConfig{Processes: processes, Slots: slots, Rows: rows, Interval: interval})
 	case "enqueue":
-		res, err = b.Enqueue(ctx, &benchmark.EnqueueConfig{Rows: rows, BatchSize: batchSize, Load: c.enqueueLoader(e, &db, &logs)})
+		res, err = b.Enqueue(ctx, &bench.EnqueueConfig{Rows: rows, BatchSize: batchSize, Load: c.enqueueLoader(e, &db, &logs)})
 	case "pipeline":
-		res, err = benchPipeline(ctx, b, logger, &benchmark.PipelineConfig{Rows: rows, Slots: slots, ObjectSize: size, Rounds: rounds, Exec: execCmd},
+		res, err = benchPipeline(ctx, b, logger, &bench.PipelineConfig{Rows: rows, Slots: slots, ObjectSize: size, Rounds: rounds, Exec: execCmd},
 			inputStore, outputStore)
 	}
 	if err != nil {
@@ -319,7 +319,7 @@ func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx contex
 }
 
 // benchPipeline opens the stores as pgworker run does and runs the mode.
-func benchPipeline(ctx context.Context, b *benchmark.Bench, logger *slog.Logger, cfg *benchmark.PipelineConfig, in, out string) (*benchmark.PipelineResult, error) {
+func benchPipeline(ctx context.Context, b *bench.Bench, logger *slog.Logger, cfg *bench.PipelineConfig, in, out string) (*bench.PipelineResult, error) {
 	opts, err := blob.OptionsFromEnv()
 	if err != nil {
 		return nil, usagef("%v", err)
@@ -360,13 +360,13 @@ func parseDepths(s string) ([]int, error) {
 // benchText is a result in a line or a few.
 func benchText(res any) string {
 	switch r := res.(type) {
-	case *benchmark.ThroughputResult:
+	case *bench.ThroughputResult:
 		return fmt.Sprintf("throughput: %d rows, %d slots: %.0f rows/s (%.2f s, %d claim queries)",
 			r.Rows, r.Slots, r.RowsPerSec, r.ElapsedMS/1000, r.Claims)
-	case *benchmark.LatencyResult:
+	case *bench.LatencyResult:
 		return fmt.Sprintf("latency: %d rows at %g/s, %d idle slots: insert commit to handler start p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms "+
 			"(from sending the insert: p50 %.2f ms)", r.Rows, r.Rate, r.Slots, r.P50MS, r.P90MS, r.P99MS, r.MaxMS, r.FromSend.P50MS)
-	case *benchmark.ClaimDepthResult:
+	case *bench.ClaimDepthResult:
 		var b strings.Builder
 		fmt.Fprintf(&b, "claim-depth: median of %d claims of one row for one slot (%g%% of the rows pending)\n", r.Claims, r.PendingPercent)
 		for _, d := range r.Depths {
@@ -376,13 +376,13 @@ func benchText(res any) string {
 		fmt.Fprintf(&b, "  claim at %d rows / at %d rows: claim_batch %.2fx, claim %.2fx",
 			r.RatioDepths[0], r.RatioDepths[1], r.RatioClaimBatch, r.RatioClaim)
 		return b.String()
-	case *benchmark.HerdResult:
+	case *bench.HerdResult:
 		return fmt.Sprintf("herd: %d processes x %d idle slots, %d rows one at a time: %.2f claim queries per row, "+
 			"%.3f per process per wake-up (server-side; the runtimes counted %d, %d of them empty)",
 			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost)
-	case *benchmark.EnqueueResult:
+	case *bench.EnqueueResult:
 		return fmt.Sprintf("enqueue: %d rows in %.2f s: %.0f rows/s (batches of %d)", r.Rows, r.ElapsedMS/1000, r.RowsPerSec, r.BatchSize)
-	case *benchmark.PipelineResult:
+	case *bench.PipelineResult:
 		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: overhead %.1f%%",
 			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct)
 	}

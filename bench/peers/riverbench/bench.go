@@ -217,120 +217,165 @@ func Throughput(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Throughp
 func Latency(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*LatencyResult, error) {
 	c := cfg.withDefaults(DefaultLatencyRows)
 	n := warmupJobs + c.Rows
-	// Each slice index is written by one goroutine and read after the
-	// started channel hands the index over.
-	var (
-		sent      = make([]time.Time, n)
-		committed = make([]time.Time, n)
-		started   = make([]time.Time, n)
-		startedCh = make(chan int, n)
-	)
-	w := &noopWorker{started: func(seq int) {
-		now := time.Now()
-		if seq < 0 || seq >= n {
-			return
-		}
-		started[seq] = now
-		select {
-		case startedCh <- seq:
-		default: // a second run of the same job; the first one counts
-		}
-	}}
-	client, err := newClient(pool, &c, w)
+	run := newLatencyRun(n)
+	client, err := newClient(pool, &c, run.worker())
 	if err != nil {
 		return nil, err
 	}
+	run.client = client
 	if err := client.Start(ctx); err != nil {
 		return nil, fmt.Errorf("start River client: %w", err)
 	}
 	defer stop(client)
 
 	interval := time.Duration(float64(time.Second) / c.Rate)
-	seen := make([]bool, n)
-	got := 0
-	receive := func(seq int) {
-		if !seen[seq] {
-			seen[seq] = true
-			got++
-		}
+	if err := run.warmUp(ctx, interval); err != nil {
+		return nil, err
 	}
-	wait := func(want int, timeout time.Duration) error {
-		deadline := time.NewTimer(timeout)
-		defer deadline.Stop()
-		for got < want {
-			select {
-			case seq := <-startedCh:
-				receive(seq)
-			case <-deadline.C:
-				return fmt.Errorf("%d of %d jobs started %s after the last insert", got, want, timeout)
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
+	if err := run.atRate(ctx, warmupJobs, interval); err != nil {
+		return nil, err
 	}
-
-	insert := func(seq int) error {
-		sent[seq] = time.Now()
-		if _, err := client.Insert(ctx, noopArgs{Seq: seq}, nil); err != nil {
-			return fmt.Errorf("insert job %d: %w", seq, err)
-		}
-		committed[seq] = time.Now()
-		return nil
-	}
-
-	// Warm up: these jobs prove the pipeline live and are not counted.
-	for seq := range warmupJobs {
-		if err := insert(seq); err != nil {
-			return nil, err
-		}
-		if err := wait(seq+1, pickupTimeout); err != nil {
-			return nil, fmt.Errorf("warm-up: %w", err)
-		}
-		if err := sleep(ctx, interval); err != nil {
-			return nil, err
-		}
-	}
-
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for seq := warmupJobs; seq < n; seq++ {
-		if seq > warmupJobs {
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		if err := insert(seq); err != nil {
-			return nil, err
-		}
-		// Keep the channel drained while inserting.
-		for drained := false; !drained; {
-			select {
-			case s := <-startedCh:
-				receive(s)
-			default:
-				drained = true
-			}
-		}
-	}
-	if err := wait(n, pickupTimeout); err != nil {
+	if err := run.wait(ctx, n, pickupTimeout); err != nil {
 		return nil, fmt.Errorf("latency: %w", err)
 	}
-
-	fromCommit := make([]time.Duration, 0, c.Rows)
-	fromSend := make([]time.Duration, 0, c.Rows)
-	for seq := warmupJobs; seq < n; seq++ {
-		fromCommit = append(fromCommit, started[seq].Sub(committed[seq]))
-		fromSend = append(fromSend, started[seq].Sub(sent[seq]))
-	}
+	fromCommit, fromSend := run.latencies(warmupJobs)
 	return &LatencyResult{
 		Setup:       setup("latency", pool, &c),
 		Rate:        c.Rate,
 		Percentiles: percentiles(fromCommit),
 		FromSend:    percentiles(fromSend),
 	}, nil
+}
+
+// latencyRun holds, per job of a Latency run, when its insert was sent,
+// when its commit returned and when its worker started. Each slice index is
+// written by one goroutine and read after startedCh hands the index over.
+type latencyRun struct {
+	client    *river.Client[pgx.Tx]
+	sent      []time.Time
+	committed []time.Time
+	started   []time.Time
+	startedCh chan int
+	// seen and got are the starts received from startedCh so far.
+	seen []bool
+	got  int
+}
+
+func newLatencyRun(n int) *latencyRun {
+	return &latencyRun{
+		sent: make([]time.Time, n), committed: make([]time.Time, n), started: make([]time.Time, n),
+		startedCh: make(chan int, n), seen: make([]bool, n),
+	}
+}
+
+// worker is the run's River worker, which records each job's first start.
+func (r *latencyRun) worker() *noopWorker {
+	return &noopWorker{started: func(seq int) {
+		now := time.Now()
+		if seq < 0 || seq >= len(r.started) {
+			return
+		}
+		r.started[seq] = now
+		select {
+		case r.startedCh <- seq:
+		default: // a second run of the same job; the first one counts
+		}
+	}}
+}
+
+func (r *latencyRun) receive(seq int) {
+	if !r.seen[seq] {
+		r.seen[seq] = true
+		r.got++
+	}
+}
+
+// drain receives the starts already handed over, without waiting.
+func (r *latencyRun) drain() {
+	for {
+		select {
+		case seq := <-r.startedCh:
+			r.receive(seq)
+		default:
+			return
+		}
+	}
+}
+
+// wait returns once want jobs have started, or fails when timeout passes
+// first.
+func (r *latencyRun) wait(ctx context.Context, want int, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for r.got < want {
+		select {
+		case seq := <-r.startedCh:
+			r.receive(seq)
+		case <-deadline.C:
+			return fmt.Errorf("%d of %d jobs started %s after the last insert", r.got, want, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (r *latencyRun) insert(ctx context.Context, seq int) error {
+	r.sent[seq] = time.Now()
+	if _, err := r.client.Insert(ctx, noopArgs{Seq: seq}, nil); err != nil {
+		return fmt.Errorf("insert job %d: %w", seq, err)
+	}
+	r.committed[seq] = time.Now()
+	return nil
+}
+
+// warmUp inserts the first warmupJobs jobs, each once the previous one has
+// started and interval passed: they prove the pipeline live and are not
+// counted.
+func (r *latencyRun) warmUp(ctx context.Context, interval time.Duration) error {
+	for seq := range warmupJobs {
+		if err := r.insert(ctx, seq); err != nil {
+			return err
+		}
+		if err := r.wait(ctx, seq+1, pickupTimeout); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		if err := sleep(ctx, interval); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// atRate inserts the jobs from first on, one every interval, keeping the
+// started channel drained meanwhile.
+func (r *latencyRun) atRate(ctx context.Context, first int, interval time.Duration) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for seq := first; seq < len(r.sent); seq++ {
+		if seq > first {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := r.insert(ctx, seq); err != nil {
+			return err
+		}
+		r.drain()
+	}
+	return nil
+}
+
+// latencies returns, for the jobs from first on, the time from the commit
+// returning and from the insert being sent to the worker's start.
+func (r *latencyRun) latencies(first int) (fromCommit, fromSend []time.Duration) {
+	for seq := first; seq < len(r.sent); seq++ {
+		fromCommit = append(fromCommit, r.started[seq].Sub(r.committed[seq]))
+		fromSend = append(fromSend, r.started[seq].Sub(r.sent[seq]))
+	}
+	return fromCommit, fromSend
 }
 
 type noopArgs struct {

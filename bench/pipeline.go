@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"bytes"
@@ -84,19 +84,12 @@ type Rate struct {
 // first.
 func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineResult, error) {
 	if cfg == nil || cfg.Input == nil || cfg.Output == nil {
-		return nil, errors.New("benchmark: PipelineConfig.Input and Output are required")
+		return nil, errors.New("bench: PipelineConfig.Input and Output are required")
 	}
-	c := *cfg
-	c.Rows = orDefault(c.Rows, 2000)
-	c.Slots = orDefault(c.Slots, 8)
-	c.ObjectSize = orDefault(c.ObjectSize, 4096)
-	c.Rounds = min(orDefault(c.Rounds, 4), c.Rows)
-	if c.Exec == "" {
-		c.Exec = DefaultPipelineExec
-	}
+	c := pipelineDefaults(cfg)
 	runner, err := backend.New(&backend.Config{Command: c.Exec, Logger: b.logger})
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: backend: %w", err)
+		return nil, fmt.Errorf("bench: backend: %w", err)
 	}
 	res := &PipelineResult{
 		Rows: c.Rows, Slots: c.Slots, ObjectBytes: c.ObjectSize, Rounds: c.Rounds, Exec: c.Exec,
@@ -106,87 +99,141 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 		res.Setup = b.setup("pipeline")
 		workDir, err := os.MkdirTemp("", "pgworker-bench-")
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		defer os.RemoveAll(workDir)
 		ph, err := pipeline.New(&pipeline.Config{
 			Resolver: blob.NewResolver(c.Input), Output: c.Output, Runner: runner, WorkDir: workDir, Logger: b.logger,
 		})
 		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		h := &keepOutputs{h: ph}
-
-		prefix := "pgworker-bench-" + randomHex(4) + "/"
-		keys := make([]string, c.Rows)
-		for i := range keys {
-			keys[i] = prefix + fmt.Sprintf("%07d.bin", i)
-		}
-		defer func() {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-			defer cancel()
-			deleteAll(dctx, c.Input, keys, c.Slots, b.logger)
-			deleteAll(dctx, c.Output, h.keys(), c.Slots, b.logger)
-		}()
-		b.logger.Info("bench: uploading the inputs", "objects", c.Rows, "bytes", c.ObjectSize, "store", res.InputStore)
-		if err := upload(ctx, c.Input, keys, c.ObjectSize, c.Slots); err != nil {
+		keys := inputKeys(c.Rows)
+		defer b.deleteObjects(ctx, c, keys, h)
+		if err := b.prepareInputs(ctx, c, h, keys); err != nil {
 			return err
 		}
-
-		// Warm-up: the connections to the stores, the page cache, the program.
-		warm := min(c.Rows, 2*c.Slots)
-		if _, err := direct(ctx, h, keys[:warm], c.Slots, 1<<40); err != nil {
-			return err
-		}
-		// The worker waits on the paused queue while the loop runs.
-		if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
-			return fmt.Errorf("benchmark: pause queue %s: %w", Queue, explain(err))
-		}
-		pool, err := b.workerPool(ctx, 6, nil)
+		outcomes, stop, err := b.startPipelineWorker(ctx, c, h)
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
-		outcomes := &outcomeCount{}
-		w, err := b.startWorker(ctx, pool, "pipeline", worker.Config{Handler: h, Slots: c.Slots, Observer: outcomes})
+		defer stop()
+		d, q, err := b.pipelineRounds(ctx, c, h, outcomes, keys)
 		if err != nil {
 			return err
-		}
-		defer stopWorker(w)
-
-		var d, q time.Duration
-		for r := range c.Rounds {
-			part := keys[r*c.Rows/c.Rounds : (r+1)*c.Rows/c.Rounds]
-			for i := range 2 {
-				if (i+r)%2 == 0 {
-					b.logger.Info("bench: pipeline without a queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-					t, err := direct(ctx, h, part, c.Slots, int64(2+r)<<40)
-					if err != nil {
-						return err
-					}
-					d += t
-				} else {
-					b.logger.Info("bench: pipeline through the queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-					t, err := b.queued(ctx, outcomes, part)
-					if err != nil {
-						return err
-					}
-					q += t
-				}
-			}
 		}
 		if err := b.outcomes(ctx, c.Rows); err != nil {
 			return err
 		}
-		res.Direct, res.Queued = rate(c.Rows, d), rate(c.Rows, q)
-		res.OverheadRatio = round(res.Direct.RowsPerSec/res.Queued.RowsPerSec, 3)
-		res.OverheadPct = round((q.Seconds()/d.Seconds()-1)*100, 1)
+		res.compare(d, q)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+func pipelineDefaults(cfg *PipelineConfig) PipelineConfig {
+	c := *cfg
+	c.Rows = orDefault(c.Rows, 2000)
+	c.Slots = orDefault(c.Slots, 8)
+	c.ObjectSize = orDefault(c.ObjectSize, 4096)
+	c.Rounds = min(orDefault(c.Rounds, 4), c.Rows)
+	if c.Exec == "" {
+		c.Exec = DefaultPipelineExec
+	}
+	return c
+}
+
+// inputKeys names n input objects under a prefix of the run's own.
+func inputKeys(n int) []string {
+	prefix := "pgworker-bench-" + randomHex(4) + "/"
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = prefix + fmt.Sprintf("%07d.bin", i)
+	}
+	return keys
+}
+
+// prepareInputs uploads the input objects and warms up on a few of them: the
+// connections to the stores, the page cache, the program.
+func (b *Bench) prepareInputs(ctx context.Context, c PipelineConfig, h worker.Handler, keys []string) error {
+	b.logger.Info("bench: uploading the inputs", "objects", c.Rows, "bytes", c.ObjectSize, "store", c.Input.Location().String())
+	if err := upload(ctx, c.Input, keys, c.ObjectSize, c.Slots); err != nil {
+		return err
+	}
+	warm := min(c.Rows, 2*c.Slots)
+	_, err := direct(ctx, h, keys[:warm], c.Slots, 1<<40)
+	return err
+}
+
+// deleteObjects removes the inputs and the outputs of the run, even when
+// ctx was cancelled.
+func (b *Bench) deleteObjects(ctx context.Context, c PipelineConfig, keys []string, h *keepOutputs) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	deleteAll(dctx, c.Input, keys, c.Slots, b.logger)
+	deleteAll(dctx, c.Output, h.keys(), c.Slots, b.logger)
+}
+
+// startPipelineWorker pauses Queue and starts a worker of c.Slots slots on
+// it, which waits on the paused queue while the loop without a queue runs.
+// stop stops the worker and closes its pool.
+func (b *Bench) startPipelineWorker(ctx context.Context, c PipelineConfig, h worker.Handler) (outcomes *outcomeCount, stop func(), err error) {
+	if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
+		return nil, nil, fmt.Errorf("bench: pause queue %s: %w", Queue, explain(err))
+	}
+	pool, err := b.workerPool(ctx, 6, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	outcomes = &outcomeCount{}
+	w, err := b.startWorker(ctx, pool, "pipeline", worker.Config{Handler: h, Slots: c.Slots, Observer: outcomes})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return outcomes, func() {
+		stopWorker(w)
+		pool.Close()
+	}, nil
+}
+
+// pipelineRounds runs each round's share of keys both ways, the order
+// alternating from round to round, and returns the time spent without a
+// queue (d) and through it (q).
+func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.Handler, outcomes *outcomeCount, keys []string) (d, q time.Duration, err error) {
+	for r := range c.Rounds {
+		part := keys[r*c.Rows/c.Rounds : (r+1)*c.Rows/c.Rounds]
+		for i := range 2 {
+			if (i+r)%2 == 0 {
+				b.logger.Info("bench: pipeline without a queue", "round", r+1, "rows", len(part), "slots", c.Slots)
+				t, err := direct(ctx, h, part, c.Slots, int64(2+r)<<40)
+				if err != nil {
+					return 0, 0, err
+				}
+				d += t
+			} else {
+				b.logger.Info("bench: pipeline through the queue", "round", r+1, "rows", len(part), "slots", c.Slots)
+				t, err := b.queued(ctx, outcomes, part)
+				if err != nil {
+					return 0, 0, err
+				}
+				q += t
+			}
+		}
+	}
+	return d, q, nil
+}
+
+// compare records the rates of the rows without a queue (d) and through it
+// (q), and the overhead of the queue.
+func (res *PipelineResult) compare(d, q time.Duration) {
+	res.Direct, res.Queued = rate(res.Rows, d), rate(res.Rows, q)
+	res.OverheadRatio = round(res.Direct.RowsPerSec/res.Queued.RowsPerSec, 3)
+	res.OverheadPct = round((q.Seconds()/d.Seconds()-1)*100, 1)
 }
 
 func rate(rows int, d time.Duration) Rate {
@@ -203,7 +250,7 @@ func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []strin
 	want := outcomes.count() + uint64(len(keys))
 	t0 := time.Now()
 	if _, err := b.pool.Exec(ctx, sqlResume, Queue); err != nil {
-		return 0, fmt.Errorf("benchmark: resume queue %s: %w", Queue, err)
+		return 0, fmt.Errorf("bench: resume queue %s: %w", Queue, err)
 	}
 	err := outcomes.wait(ctx, want)
 	elapsed := time.Since(t0)
@@ -211,7 +258,7 @@ func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []strin
 		return 0, err
 	}
 	if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
-		return 0, fmt.Errorf("benchmark: pause queue %s: %w", Queue, err)
+		return 0, fmt.Errorf("bench: pause queue %s: %w", Queue, err)
 	}
 	return elapsed, nil
 }
@@ -235,7 +282,7 @@ func direct(ctx context.Context, h worker.Handler, keys []string, slots int, fir
 					CreatedAt: t0, ClaimedAt: time.Now(),
 				}
 				if _, err := h.Handle(ctx, job); err != nil {
-					errs <- fmt.Errorf("benchmark: pipeline on %s: %w", keys[i], err)
+					errs <- fmt.Errorf("bench: pipeline on %s: %w", keys[i], err)
 					return
 				}
 			}
@@ -304,7 +351,7 @@ func upload(ctx context.Context, st blob.Store, keys []string, size, slots int) 
 			binary.BigEndian.PutUint64(b, uint64(i))
 		}
 		if _, err := st.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
-			return fmt.Errorf("benchmark: upload input %s: %w", key, err)
+			return fmt.Errorf("bench: upload input %s: %w", key, err)
 		}
 		return nil
 	})

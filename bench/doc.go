@@ -1,4 +1,4 @@
-// Package benchmark measures pgworker on a real database: the figures that
+// Package bench measures pgworker on a real database: the figures that
 // `pgworker bench` prints and BENCHMARKS.md records.
 //
 // Each mode runs the real code (the worker runtime, the SQL API, the enqueue
@@ -20,13 +20,20 @@
 // database, and the figures of a shared one mean little. It never deletes
 // rows outside Queue, and it removes its own rows when a mode ends.
 //
-//	b, err := benchmark.New(pool, &benchmark.Config{Logger: logger})
+//	b, err := bench.New(pool, &bench.Config{Logger: logger})
 //	if err != nil {
 //		return err
 //	}
-//	res, err := b.Throughput(ctx, &benchmark.ThroughputConfig{Rows: 20000, Slots: 100})
+//	res, err := b.Throughput(ctx, &bench.ThroughputConfig{Rows: 20000, Slots: 100})
 //	if err != nil {
 //		return err
 //	}
 //	fmt.Printf("%.0f rows/s\n", res.RowsPerSec)
-package benchmark
+//
+// Beside the package, the folder holds what turns its figures into
+// BENCHMARKS.md: run.sh (what `make bench` runs: every mode, and River
+// alternating with pgworker), cmd/benchreport (renders the report from the
+// modes' JSON lines), peers/ (River on the same workloads, a Go module of
+// its own) and other-measurements.md (figures measured by other means,
+// appended to the report).
+package bench

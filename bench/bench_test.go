@@ -1,4 +1,4 @@
-package benchmark_test
+package bench_test
 
 import (
 	"bufio"
@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/pgworker/pgworker/benchmark"
+	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/blob"
 	"github.com/pgworker/pgworker/internal/miniotest"
 	"github.com/pgworker/pgworker/internal/pgtest"
@@ -34,10 +34,10 @@ func TestMain(m *testing.M) {
 }
 
 // newBench returns a Bench on a fresh migrated database, and its pool.
-func newBench(t *testing.T, cfg *benchmark.Config) (*benchmark.Bench, *pgxpool.Pool) {
+func newBench(t *testing.T, cfg *bench.Config) (*bench.Bench, *pgxpool.Pool) {
 	t.Helper()
 	pool := pgtest.Pool(t)
-	b, err := benchmark.New(pool, cfg)
+	b, err := bench.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func shape(t *testing.T, res any, mode string) map[string]any {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	if m["mode"] != mode || m["system"] != "pgworker" || m["queue"] != benchmark.Queue {
+	if m["mode"] != mode || m["system"] != "pgworker" || m["queue"] != bench.Queue {
 		t.Errorf("setup of %s: %s", mode, b)
 	}
 	for _, k := range []string{"version", "go_version", "postgres_version"} {
@@ -104,7 +104,7 @@ func cleanedUp(t *testing.T, pool *pgxpool.Pool) {
 func TestThroughput(t *testing.T) {
 	t.Parallel()
 	b, pool := newBench(t, nil)
-	res, err := b.Throughput(context.Background(), &benchmark.ThroughputConfig{Rows: 50, Slots: 4})
+	res, err := b.Throughput(context.Background(), &bench.ThroughputConfig{Rows: 50, Slots: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestThroughput(t *testing.T) {
 func TestLatency(t *testing.T) {
 	t.Parallel()
 	b, pool := newBench(t, nil)
-	res, err := b.Latency(context.Background(), &benchmark.LatencyConfig{Rows: 10, Rate: 100, Slots: 2})
+	res, err := b.Latency(context.Background(), &bench.LatencyConfig{Rows: 10, Rate: 100, Slots: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestLatency(t *testing.T) {
 func TestClaimDepth(t *testing.T) {
 	t.Parallel()
 	b, pool := newBench(t, nil)
-	res, err := b.ClaimDepth(context.Background(), &benchmark.ClaimDepthConfig{Depths: []int{1000, 200}, Claims: 5})
+	res, err := b.ClaimDepth(context.Background(), &bench.ClaimDepthConfig{Depths: []int{1000, 200}, Claims: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestClaimDepth(t *testing.T) {
 func TestHerd(t *testing.T) {
 	t.Parallel()
 	b, pool := newBench(t, nil)
-	res, err := b.Herd(context.Background(), &benchmark.HerdConfig{Processes: 3, Slots: 2, Rows: 4, Interval: 10 * time.Millisecond})
+	res, err := b.Herd(context.Background(), &bench.HerdConfig{Processes: 3, Slots: 2, Rows: 4, Interval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,10 +214,10 @@ func TestEnqueue(t *testing.T) {
 	b, pool := newBench(t, nil)
 	var first string
 	load := copyLines(pool)
-	res, err := b.Enqueue(context.Background(), &benchmark.EnqueueConfig{
+	res, err := b.Enqueue(context.Background(), &bench.EnqueueConfig{
 		Rows: 1234,
 		Load: func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
-			if queue != benchmark.Queue || batchSize != 10000 {
+			if queue != bench.Queue || batchSize != 10000 {
 				t.Errorf("Load(%q, %d)", queue, batchSize)
 			}
 			br := bufio.NewReader(r)
@@ -235,11 +235,11 @@ func TestEnqueue(t *testing.T) {
 	}
 	cleanedUp(t, pool)
 
-	_, err = b.Enqueue(context.Background(), &benchmark.EnqueueConfig{Rows: 10})
+	_, err = b.Enqueue(context.Background(), &bench.EnqueueConfig{Rows: 10})
 	if err == nil || !strings.Contains(err.Error(), "Load is required") {
 		t.Errorf("Enqueue without Load: %v", err)
 	}
-	_, err = b.Enqueue(context.Background(), &benchmark.EnqueueConfig{
+	_, err = b.Enqueue(context.Background(), &bench.EnqueueConfig{
 		Rows: 10,
 		Load: func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
 			return load(ctx, queue, batchSize, io.LimitReader(r, 5*18)) // five lines
@@ -265,7 +265,7 @@ func TestPipeline(t *testing.T) {
 	}
 	in, out := open("s3://"+bucket+"/in"), open("s3://"+bucket+"/out")
 	b, pool := newBench(t, nil)
-	res, err := b.Pipeline(context.Background(), &benchmark.PipelineConfig{Rows: 6, Slots: 2, ObjectSize: 100, Input: in, Output: out})
+	res, err := b.Pipeline(context.Background(), &bench.PipelineConfig{Rows: 6, Slots: 2, ObjectSize: 100, Input: in, Output: out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestPipeline(t *testing.T) {
 		r, _ := m[k].(map[string]any)
 		positive(t, r, "rows_per_sec", "elapsed_ms")
 	}
-	if res.Exec != benchmark.DefaultPipelineExec || res.InputStore != "s3://"+bucket+"/in/" {
+	if res.Exec != bench.DefaultPipelineExec || res.InputStore != "s3://"+bucket+"/in/" {
 		t.Errorf("exec %q, input store %q", res.Exec, res.InputStore)
 	}
 	cleanedUp(t, pool)
@@ -298,15 +298,15 @@ func TestScratchOnly(t *testing.T) {
 	if _, err := pool.Exec(ctx, "INSERT INTO files.files (queue, source) VALUES ('photos', 'a.jpg'), ('pgworker-bench', 'leftover')"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := b.Throughput(ctx, &benchmark.ThroughputConfig{Rows: 5, Slots: 1})
-	if !errors.Is(err, benchmark.ErrNotScratch) || !strings.Contains(err.Error(), "--force") {
+	_, err := b.Throughput(ctx, &bench.ThroughputConfig{Rows: 5, Slots: 1})
+	if !errors.Is(err, bench.ErrNotScratch) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("Throughput on a database in use: %v", err)
 	}
-	forced, err := benchmark.New(pool, &benchmark.Config{Force: true})
+	forced, err := bench.New(pool, &bench.Config{Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := forced.Throughput(ctx, &benchmark.ThroughputConfig{Rows: 5, Slots: 1}); err != nil {
+	if _, err := forced.Throughput(ctx, &bench.ThroughputConfig{Rows: 5, Slots: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE queue = 'photos' AND state = 'pending'"); n != 1 {
@@ -321,7 +321,7 @@ func TestScratchOnly(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT files.register_worker('node:1:0')"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Latency(ctx, &benchmark.LatencyConfig{Rows: 1}); !errors.Is(err, benchmark.ErrNotScratch) {
+	if _, err := b.Latency(ctx, &bench.LatencyConfig{Rows: 1}); !errors.Is(err, bench.ErrNotScratch) {
 		t.Errorf("Latency beside a live slot: %v", err)
 	}
 }
@@ -329,7 +329,7 @@ func TestScratchOnly(t *testing.T) {
 func TestNoSchema(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.PoolFor(t, pgtest.EmptyURL(t))
-	b, err := benchmark.New(pool, nil)
+	b, err := bench.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -58,10 +58,10 @@ const (
 
 // ErrNotScratch is returned when the database holds rows of other queues or
 // live worker slots and Config.Force is not set.
-var ErrNotScratch = errors.New("benchmark: the database is in use")
+var ErrNotScratch = errors.New("bench: the database is in use")
 
 // ErrBusy is returned when another benchmark runs on the same database.
-var ErrBusy = errors.New("benchmark: another pgworker bench is running on this database")
+var ErrBusy = errors.New("bench: another pgworker bench is running on this database")
 
 // Config configures a Bench. A nil Config works.
 type Config struct {
@@ -99,7 +99,7 @@ type Bench struct {
 // open pools of their own.
 func New(pool *pgxpool.Pool, cfg *Config) (*Bench, error) {
 	if pool == nil {
-		return nil, errors.New("benchmark: missing pool")
+		return nil, errors.New("bench: missing pool")
 	}
 	if cfg == nil {
 		cfg = &Config{}
@@ -177,12 +177,12 @@ func round(f float64, digits int) float64 {
 func (b *Bench) run(ctx context.Context, mode string, f func(ctx context.Context) error) (err error) {
 	if b.runs.Add(1) != 1 {
 		b.runs.Add(-1)
-		return errors.New("benchmark: modes of one Bench cannot run at once")
+		return errors.New("bench: modes of one Bench cannot run at once")
 	}
 	defer b.runs.Add(-1)
 	lock, err := b.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("benchmark: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	defer lock.Release()
 	if err := b.check(ctx, lock.Conn()); err != nil {
@@ -211,18 +211,18 @@ func (b *Bench) run(ctx context.Context, mode string, f func(ctx context.Context
 func (b *Bench) check(ctx context.Context, conn *pgx.Conn) error {
 	var ok bool
 	if err := conn.QueryRow(ctx, sqlSchemaExists).Scan(&ok); err != nil {
-		return fmt.Errorf("benchmark: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	if !ok {
-		return errors.New("benchmark: the files schema is missing (run 'pgworker migrate up' on this database first)")
+		return errors.New("bench: the files schema is missing (run 'pgworker migrate up' on this database first)")
 	}
 	var fsync, syncCommit, buffers string
 	if err := conn.QueryRow(ctx, sqlServerVersion).Scan(&b.pg, &fsync, &syncCommit, &buffers); err != nil {
-		return fmt.Errorf("benchmark: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	b.pgSet = map[string]string{"fsync": fsync, "synchronous_commit": syncCommit, "shared_buffers": buffers}
 	if err := conn.QueryRow(ctx, sqlLockBench).Scan(&ok); err != nil {
-		return fmt.Errorf("benchmark: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	if !ok {
 		return ErrBusy
@@ -230,10 +230,10 @@ func (b *Bench) check(ctx context.Context, conn *pgx.Conn) error {
 	var others bool
 	var live int64
 	if err := conn.QueryRow(ctx, sqlOtherRows, Queue).Scan(&others); err != nil {
-		return fmt.Errorf("benchmark: %w", explain(err))
+		return fmt.Errorf("bench: %w", explain(err))
 	}
 	if err := conn.QueryRow(ctx, sqlOtherWorkers, workerPrefix+"%").Scan(&live); err != nil {
-		return fmt.Errorf("benchmark: %w", explain(err))
+		return fmt.Errorf("bench: %w", explain(err))
 	}
 	if !others && live == 0 {
 		return nil
@@ -264,7 +264,7 @@ func (b *Bench) cleanup(ctx context.Context) error {
 	}
 	if !truncated {
 		if _, err := b.pool.Exec(ctx, sqlDeleteRows, Queue); err != nil {
-			return fmt.Errorf("benchmark: delete the rows of queue %s: %w", Queue, explain(err))
+			return fmt.Errorf("bench: delete the rows of queue %s: %w", Queue, explain(err))
 		}
 	}
 	// The slots and the queue are bookkeeping: without the privilege, they stay.
@@ -282,18 +282,18 @@ func (b *Bench) cleanup(ctx context.Context) error {
 func (b *Bench) truncate(ctx context.Context) (bool, error) {
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("benchmark: %w", err)
+		return false, fmt.Errorf("bench: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit: a no-op
 	if _, err := tx.Exec(ctx, sqlLockFiles); err != nil {
 		if isPrivilege(err) {
 			return false, nil
 		}
-		return false, fmt.Errorf("benchmark: %w", err)
+		return false, fmt.Errorf("bench: %w", err)
 	}
 	var others bool
 	if err := tx.QueryRow(ctx, sqlOtherRows, Queue).Scan(&others); err != nil {
-		return false, fmt.Errorf("benchmark: %w", err)
+		return false, fmt.Errorf("bench: %w", err)
 	}
 	if others {
 		return false, nil
@@ -302,10 +302,10 @@ func (b *Bench) truncate(ctx context.Context) (bool, error) {
 		if isPrivilege(err) {
 			return false, nil
 		}
-		return false, fmt.Errorf("benchmark: %w", err)
+		return false, fmt.Errorf("bench: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("benchmark: %w", err)
+		return false, fmt.Errorf("bench: %w", err)
 	}
 	return true, nil
 }
@@ -339,10 +339,10 @@ func (b *Bench) copyRows(ctx context.Context, sources func(i int) string, n int)
 	})
 	got, err := b.pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, []string{"queue", "source", "max_attempts"}, src)
 	if err != nil {
-		return fmt.Errorf("benchmark: COPY scratch rows: %w", explain(err))
+		return fmt.Errorf("bench: COPY scratch rows: %w", explain(err))
 	}
 	if got != int64(n) {
-		return fmt.Errorf("benchmark: COPY loaded %d rows, want %d", got, n)
+		return fmt.Errorf("bench: COPY loaded %d rows, want %d", got, n)
 	}
 	return nil
 }
@@ -360,17 +360,17 @@ func (b *Bench) outcomes(ctx context.Context, want int) error {
 	var done, failed int64
 	var lastErr *string
 	if err := b.pool.QueryRow(ctx, sqlQueueOutcomes, Queue).Scan(&done, &failed, &lastErr); err != nil {
-		return fmt.Errorf("benchmark: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	if failed > 0 {
 		msg := ""
 		if lastErr != nil {
 			msg = ": " + *lastErr
 		}
-		return fmt.Errorf("benchmark: %d of %d rows failed%s", failed, want, msg)
+		return fmt.Errorf("bench: %d of %d rows failed%s", failed, want, msg)
 	}
 	if done != int64(want) {
-		return fmt.Errorf("benchmark: %d of %d rows done", done, want)
+		return fmt.Errorf("bench: %d of %d rows done", done, want)
 	}
 	return nil
 }
@@ -386,7 +386,7 @@ func (b *Bench) workerPool(ctx context.Context, conns int, params map[string]str
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: open a pool for the worker: %w", err)
+		return nil, fmt.Errorf("bench: open a pool for the worker: %w", err)
 	}
 	return pool, nil
 }
@@ -407,10 +407,10 @@ func (b *Bench) startWorker(ctx context.Context, pool *pgxpool.Pool, name string
 	}
 	w, err := worker.New(pool, &cfg)
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: %w", err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	if err := w.Start(ctx); err != nil {
-		return nil, fmt.Errorf("benchmark: %w", err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	if err := settle(ctx, w); err != nil {
 		stopWorker(w)
@@ -435,7 +435,7 @@ func settle(ctx context.Context, w *worker.Worker) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("benchmark: the worker did not start listening within 30s (claims %d, listening %v)", s.Claims, s.Listening)
+			return fmt.Errorf("bench: the worker did not start listening within 30s (claims %d, listening %v)", s.Claims, s.Listening)
 		}
 		if err := sleep(ctx, 5*time.Millisecond); err != nil {
 			return err
@@ -459,7 +459,7 @@ func waitFor(ctx context.Context, timeout, every time.Duration, what string, con
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("benchmark: timed out after %s waiting for %s", timeout, what)
+			return fmt.Errorf("bench: timed out after %s waiting for %s", timeout, what)
 		}
 		if err := sleep(ctx, every); err != nil {
 			return err
@@ -542,6 +542,6 @@ func (s *outcomeCount) wait(ctx context.Context, want uint64) error {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("benchmark: waiting for %d rows to settle: %w", want, ctx.Err())
+		return fmt.Errorf("bench: waiting for %d rows to settle: %w", want, ctx.Err())
 	}
 }

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -80,6 +80,55 @@ type DepthClaim struct {
 // files.claim_batch and with files.claim, alternately. Each claimed row is
 // released at once, untimed, so the depth and the backlog stay as they were.
 func (b *Bench) ClaimDepth(ctx context.Context, cfg *ClaimDepthConfig) (*ClaimDepthResult, error) {
+	c, err := claimDepthDefaults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	every := max(int64(100/c.PendingPercent+0.5), 1)
+	res := &ClaimDepthResult{Claims: c.Claims, PendingPercent: c.PendingPercent}
+	err = b.run(ctx, "claim-depth", func(ctx context.Context) error {
+		res.Setup = b.setup("claim-depth")
+		var track string
+		if err := b.pool.QueryRow(ctx, sqlTrackFunctions).Scan(&track); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		conn, err := b.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer conn.Release()
+		slot := workerPrefix + strconv.Itoa(os.Getpid()) + ":depth:0"
+		defer func() {
+			// The first claim registered the slot; stopped, the cleanup removes it.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), sqlDeregister, slot)
+		}()
+		have := 0
+		for _, depth := range c.Depths {
+			t := time.Now()
+			if err := b.grow(ctx, have, depth, every); err != nil {
+				return err
+			}
+			have = depth
+			d := DepthClaim{Rows: depth, Pending: depth / int(every), BuildMS: ms(time.Since(t))}
+			if d.Pending == 0 {
+				return fmt.Errorf("bench: claim-depth %d rows with %g%% pending leaves none to claim", depth, c.PendingPercent)
+			}
+			if err := b.timeDepth(ctx, conn.Conn(), slot, c.Claims, track != "none", &d); err != nil {
+				return err
+			}
+			b.logger.Info("bench: claim time", "rows", depth, "claim_batch_p50_ms", d.ClaimBatch.P50MS, "claim_p50_ms", d.Claim.P50MS)
+			res.Depths = append(res.Depths, d)
+		}
+		res.ratios()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func claimDepthDefaults(cfg *ClaimDepthConfig) (ClaimDepthConfig, error) {
 	c := ClaimDepthConfig{}
 	if cfg != nil {
 		c = *cfg
@@ -91,85 +140,71 @@ func (b *Bench) ClaimDepth(ctx context.Context, cfg *ClaimDepthConfig) (*ClaimDe
 	slices.Sort(c.Depths)
 	c.Depths = slices.Compact(c.Depths)
 	if c.Depths[0] < 1 {
-		return nil, errors.New("benchmark: claim-depth depths must be positive")
+		return c, errors.New("bench: claim-depth depths must be positive")
 	}
 	c.Claims = orDefault(c.Claims, 200)
 	c.PendingPercent = orDefault(c.PendingPercent, 1)
 	if c.PendingPercent > 100 {
-		return nil, errors.New("benchmark: claim-depth pending percent must be at most 100")
+		return c, errors.New("bench: claim-depth pending percent must be at most 100")
 	}
-	every := max(int64(100/c.PendingPercent+0.5), 1)
-	res := &ClaimDepthResult{Claims: c.Claims, PendingPercent: c.PendingPercent}
-	err := b.run(ctx, "claim-depth", func(ctx context.Context) error {
-		res.Setup = b.setup("claim-depth")
-		var track string
-		if err := b.pool.QueryRow(ctx, sqlTrackFunctions).Scan(&track); err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+	return c, nil
+}
+
+// grow adds the rows have+1 to depth to Queue, fillChunk at a time, every
+// every-th one pending, and gives the planner fresh statistics.
+func (b *Bench) grow(ctx context.Context, have, depth int, every int64) error {
+	b.logger.Info("bench: building the table", "rows", depth)
+	for have < depth {
+		to := min(have+fillChunk, depth)
+		if _, err := b.pool.Exec(ctx, sqlFillDepth, Queue, have+1, to, every); err != nil {
+			return fmt.Errorf("bench: add rows %d to %d: %w", have+1, to, explain(err))
 		}
-		conn, err := b.pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+		have = to
+	}
+	b.vacuum(ctx)
+	return nil
+}
+
+// timeDepth times claims claims with each function on conn, after a few
+// that are not timed, into d; with track, it reads the server's own mean
+// time per call too.
+func (b *Bench) timeDepth(ctx context.Context, conn *pgx.Conn, slot string, claims int, track bool, d *DepthClaim) error {
+	// Warm up: the slot's registration, the plans, the cache.
+	if _, _, err := claimTimes(ctx, conn, slot, 5); err != nil {
+		return err
+	}
+	var before map[string]funcStats
+	if track {
+		var err error
+		if before, err = b.flushedFunctionStats(ctx, conn); err != nil {
+			return err
 		}
-		defer conn.Release()
-		slot := workerPrefix + strconv.Itoa(os.Getpid()) + ":depth:0"
-		defer func() {
-			// The first claim registered the slot; stopped, the cleanup removes it.
-			_, _ = conn.Exec(context.WithoutCancel(ctx), sqlDeregister, slot)
-		}()
-		have := 0
-		for _, depth := range c.Depths {
-			t := time.Now()
-			b.logger.Info("bench: building the table", "rows", depth)
-			for have < depth {
-				to := min(have+fillChunk, depth)
-				if _, err := b.pool.Exec(ctx, sqlFillDepth, Queue, have+1, to, every); err != nil {
-					return fmt.Errorf("benchmark: add rows %d to %d: %w", have+1, to, explain(err))
-				}
-				have = to
-			}
-			b.vacuum(ctx)
-			d := DepthClaim{Rows: depth, Pending: depth / int(every), BuildMS: ms(time.Since(t))}
-			if d.Pending == 0 {
-				return fmt.Errorf("benchmark: claim-depth %d rows with %g%% pending leaves none to claim", depth, c.PendingPercent)
-			}
-			// Warm up: the slot's registration, the plans, the cache.
-			if _, _, err := claimTimes(ctx, conn.Conn(), slot, 5); err != nil {
-				return err
-			}
-			var before map[string]funcStats
-			if track != "none" {
-				if before, err = b.flushedFunctionStats(ctx, conn.Conn()); err != nil {
-					return err
-				}
-			}
-			batch, single, err := claimTimes(ctx, conn.Conn(), slot, c.Claims)
-			if err != nil {
-				return err
-			}
-			d.ClaimBatch, d.Claim = percentiles(batch), percentiles(single)
-			if track != "none" {
-				after, err := b.flushedFunctionStats(ctx, conn.Conn())
-				if err != nil {
-					return err
-				}
-				d.ClaimBatchServerMS = meanCall(before["claim_batch"], after["claim_batch"])
-				d.ClaimServerMS = meanCall(before["claim"], after["claim"])
-			}
-			b.logger.Info("bench: claim time", "rows", depth, "claim_batch_p50_ms", d.ClaimBatch.P50MS, "claim_p50_ms", d.Claim.P50MS)
-			res.Depths = append(res.Depths, d)
-		}
-		first, last := res.Depths[0], res.Depths[len(res.Depths)-1]
-		res.RatioDepths = [2]int{last.Rows, first.Rows}
-		if first.ClaimBatch.P50MS > 0 && first.Claim.P50MS > 0 {
-			res.RatioClaimBatch = round(last.ClaimBatch.P50MS/first.ClaimBatch.P50MS, 2)
-			res.RatioClaim = round(last.Claim.P50MS/first.Claim.P50MS, 2)
-		}
-		return nil
-	})
+	}
+	batch, single, err := claimTimes(ctx, conn, slot, claims)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return res, nil
+	d.ClaimBatch, d.Claim = percentiles(batch), percentiles(single)
+	if track {
+		after, err := b.flushedFunctionStats(ctx, conn)
+		if err != nil {
+			return err
+		}
+		d.ClaimBatchServerMS = meanCall(before["claim_batch"], after["claim_batch"])
+		d.ClaimServerMS = meanCall(before["claim"], after["claim"])
+	}
+	return nil
+}
+
+// ratios compares the median claim times at the largest depth with those
+// at the smallest.
+func (res *ClaimDepthResult) ratios() {
+	first, last := res.Depths[0], res.Depths[len(res.Depths)-1]
+	res.RatioDepths = [2]int{last.Rows, first.Rows}
+	if first.ClaimBatch.P50MS > 0 && first.Claim.P50MS > 0 {
+		res.RatioClaimBatch = round(last.ClaimBatch.P50MS/first.ClaimBatch.P50MS, 2)
+		res.RatioClaim = round(last.Claim.P50MS/first.Claim.P50MS, 2)
+	}
 }
 
 // claimTimes times n claims with each function, alternately; each claimed
@@ -183,13 +218,13 @@ func claimTimes(ctx context.Context, conn *pgx.Conn, slot string, n int) (batch,
 		err := conn.QueryRow(ctx, sql, args...).Scan(&id, &attempt)
 		d := time.Since(t)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, errors.New("benchmark: a claim found no pending row")
+			return 0, errors.New("bench: a claim found no pending row")
 		}
 		if err != nil {
-			return 0, fmt.Errorf("benchmark: claim: %w", err)
+			return 0, fmt.Errorf("bench: claim: %w", err)
 		}
 		if _, err := conn.Exec(ctx, sqlRelease, id, slot, attempt, "pgworker bench"); err != nil {
-			return 0, fmt.Errorf("benchmark: release: %w", err)
+			return 0, fmt.Errorf("bench: release: %w", err)
 		}
 		return d, nil
 	}
@@ -216,7 +251,7 @@ type funcStats struct {
 func (b *Bench) functionStats(ctx context.Context) (map[string]funcStats, error) {
 	rows, err := b.pool.Query(ctx, sqlFunctionStats)
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: read pg_stat_user_functions: %w", err)
+		return nil, fmt.Errorf("bench: read pg_stat_user_functions: %w", err)
 	}
 	out := map[string]funcStats{}
 	var name string
@@ -226,7 +261,7 @@ func (b *Bench) functionStats(ctx context.Context) (map[string]funcStats, error)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: read pg_stat_user_functions: %w", err)
+		return nil, fmt.Errorf("bench: read pg_stat_user_functions: %w", err)
 	}
 	return out, nil
 }
@@ -263,7 +298,7 @@ func (b *Bench) settledFunctionStats(ctx context.Context, done func(map[string]f
 	since := time.Now()
 	for time.Since(since) < stable || !done(last) {
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("benchmark: the function statistics did not settle within %s (are other sessions claiming?)", limit)
+			return nil, fmt.Errorf("bench: the function statistics did not settle within %s (are other sessions claiming?)", limit)
 		}
 		if err := sleep(ctx, every); err != nil {
 			return nil, err

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 	err := b.run(ctx, "throughput", func(ctx context.Context) error {
 		res.Setup = b.setup("throughput")
 		if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
-			return fmt.Errorf("benchmark: pause queue %s: %w", Queue, explain(err))
+			return fmt.Errorf("bench: pause queue %s: %w", Queue, explain(err))
 		}
 		t := time.Now()
 		if err := b.copyRows(ctx, func(i int) string { return "throughput/" + strconv.Itoa(i) }, c.Rows); err != nil {
@@ -84,7 +84,7 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 		b.logger.Info("bench: burning down", "rows", c.Rows, "slots", c.Slots)
 		t0 := time.Now()
 		if _, err := b.pool.Exec(ctx, sqlResume, Queue); err != nil {
-			return fmt.Errorf("benchmark: resume queue %s: %w", Queue, err)
+			return fmt.Errorf("bench: resume queue %s: %w", Queue, err)
 		}
 		err = outcomes.wait(ctx, uint64(c.Rows))
 		elapsed := time.Since(t0)

@@ -1,4 +1,4 @@
-package benchmark
+package bench
 
 import (
 	"context"
@@ -38,7 +38,7 @@ type EnqueueResult struct {
 // arrived.
 func (b *Bench) Enqueue(ctx context.Context, cfg *EnqueueConfig) (*EnqueueResult, error) {
 	if cfg == nil || cfg.Load == nil {
-		return nil, errors.New("benchmark: EnqueueConfig.Load is required")
+		return nil, errors.New("bench: EnqueueConfig.Load is required")
 	}
 	c := *cfg
 	c.Rows = orDefault(c.Rows, 1_000_000)
@@ -49,15 +49,15 @@ func (b *Bench) Enqueue(ctx context.Context, cfg *EnqueueConfig) (*EnqueueResult
 		b.logger.Info("bench: enqueueing", "rows", c.Rows, "batch_size", c.BatchSize)
 		t := time.Now()
 		if err := c.Load(ctx, Queue, c.BatchSize, newLines("enqueue/", c.Rows)); err != nil {
-			return fmt.Errorf("benchmark: enqueue: %w", err)
+			return fmt.Errorf("bench: enqueue: %w", err)
 		}
 		elapsed := time.Since(t)
 		var n int
 		if err := b.pool.QueryRow(ctx, sqlCountQueue, Queue).Scan(&n); err != nil {
-			return fmt.Errorf("benchmark: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		if n != c.Rows {
-			return fmt.Errorf("benchmark: enqueue loaded %d rows, want %d", n, c.Rows)
+			return fmt.Errorf("bench: enqueue loaded %d rows, want %d", n, c.Rows)
 		}
 		res.ElapsedMS = ms(elapsed)
 		res.RowsPerSec = round(float64(c.Rows)/elapsed.Seconds(), 1)

@@ -77,7 +77,7 @@ if [ -n "$peers" ]; then
 	river latency --rows 500 --rate 50 --slots 100 --tuned --json
 fi
 
-go run ./internal/cmd/benchreport -commands "$out/commands" -append bench/other-measurements.md -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
+go run ./bench/cmd/benchreport -commands "$out/commands" -append bench/other-measurements.md -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
 echo "wrote $report" >&2
 if [ -n "$failed" ]; then
 	echo "some runs failed (see FAILED above); their figures are missing from $report" >&2

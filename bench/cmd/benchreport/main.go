@@ -2,9 +2,9 @@
 // `pgworker bench --json` and the River peer benchmark print, with the
 // machine they ran on, the commands, the figures and the goals:
 //
-//	go run ./internal/cmd/benchreport -commands commands.txt -o BENCHMARKS.md pgworker.jsonl river.jsonl
+//	go run ./bench/cmd/benchreport -commands commands.txt -o BENCHMARKS.md pgworker.jsonl river.jsonl
 //
-// make bench runs it (scripts/bench.sh). Each input line is one result
+// make bench runs it (bench/run.sh). Each input line is one result
 // object with "system" (pgworker or river) and "mode"; other lines are
 // skipped with a warning.
 package main
@@ -274,97 +274,120 @@ type goal struct {
 	name, target, measured, verdict string
 }
 
+// goals compares the results with the project's goals, one line each.
 func (rp *report) goals() []goal {
 	var gs []goal
-	notMeasured := func(name, target, why string) goal {
-		return goal{name, target, why, "not measured"}
-	}
-	// Throughput against River.
 	for _, g := range []struct {
 		slots float64
 		times float64
 	}{{2000, 2}, {100, 10}} {
-		name := fmt.Sprintf("throughput at %s slots", thousands(g.slots))
-		target := fmt.Sprintf("≥ %gx River", g.times)
-		// Each system's median over its runs: the runs alternate, so that
-		// the machine's drifting load falls on both alike.
-		pg, rv := rp.throughputs("pgworker", g.slots), rp.throughputs("river", g.slots)
-		switch {
-		case len(pg) == 0:
-			gs = append(gs, notMeasured(name, target, "no pgworker run at these slots"))
-		case len(rv) == 0:
-			gs = append(gs, notMeasured(name, target, fmt.Sprintf("pgworker %s rows/s; no River run", spread(pg))))
-		default:
-			ratio := median(pg) / median(rv)
-			m := fmt.Sprintf("%s vs %s rows/s: %sx", thousands(median(pg)), thousands(median(rv)), floor2(ratio))
-			if len(pg) > 1 || len(rv) > 1 {
-				m += fmt.Sprintf(" (medians of %d and %d runs; pgworker %s, River %s)", len(pg), len(rv), span(pg), span(rv))
-			}
-			gs = append(gs, goal{name, target, m,
-				verdict(ratio >= g.times, fmt.Sprintf("%sx, not %gx (%.2f%% more needed)", floor2(ratio), g.times, (g.times/ratio-1)*100))})
-		}
+		gs = append(gs, rp.throughputGoal(g.slots, g.times))
 	}
-	// Pickup latency.
-	if pg := rp.find("pgworker", "latency", nil); pg == nil {
-		gs = append(gs, notMeasured("pickup p50", "< 2 ms", "no pgworker latency run"))
-	} else {
-		p50 := pg.n("p50_ms")
-		gs = append(gs, goal{"pickup p50", "< 2 ms", fmt.Sprintf("%.2f ms", p50),
-			verdict(p50 < 2, fmt.Sprintf("%.2f ms over 2 ms", p50-2))})
-		target := "≥ 20x lower than River"
-		if rv := rp.river("latency", pg.n("slots"), false); rv == nil {
-			gs = append(gs, notMeasured("pickup p50 vs River", target, "no River latency run"))
-		} else {
-			ratio := rv.n("p50_ms") / p50
-			m := fmt.Sprintf("%.2f vs %.2f ms: %.0fx lower", p50, rv.n("p50_ms"), ratio)
-			if tuned := rp.river("latency", pg.n("slots"), true); tuned != nil {
-				m += fmt.Sprintf(" (River with a %g ms fetch cooldown: %.2f ms, %.1fx)", tuned.n("fetch_cooldown_ms"), tuned.n("p50_ms"), tuned.n("p50_ms")/p50)
-			}
-			gs = append(gs, goal{"pickup p50 vs River", target, m, verdict(ratio >= 20, fmt.Sprintf("%.1fx, not 20x", ratio))})
-		}
+	gs = append(gs, rp.latencyGoals()...)
+	return append(gs, rp.claimDepthGoal(), rp.herdGoal(), rp.enqueueGoal(), rp.pipelineGoal())
+}
+
+func notMeasured(name, target, why string) goal {
+	return goal{name, target, why, "not measured"}
+}
+
+// throughputGoal compares the throughput at slotCount with River's: at
+// least times as many rows per second.
+func (rp *report) throughputGoal(slotCount, times float64) goal {
+	name := fmt.Sprintf("throughput at %s slots", thousands(slotCount))
+	target := fmt.Sprintf("≥ %gx River", times)
+	// Each system's median over its runs: the runs alternate, so that the
+	// machine's drifting load falls on both alike.
+	pg, rv := rp.throughputs("pgworker", slotCount), rp.throughputs("river", slotCount)
+	switch {
+	case len(pg) == 0:
+		return notMeasured(name, target, "no pgworker run at these slots")
+	case len(rv) == 0:
+		return notMeasured(name, target, fmt.Sprintf("pgworker %s rows/s; no River run", spread(pg)))
 	}
-	// Claim at depth.
-	if cd := rp.find("pgworker", "claim-depth", nil); cd == nil {
-		gs = append(gs, notMeasured("claim at 10M rows", "within 2x of 10k", "no claim-depth run"))
-	} else {
-		d, _ := cd["ratio_depths"].([]any)
-		hi, lo := 0.0, 0.0
-		if len(d) == 2 {
-			hi, _ = d[0].(float64)
-			lo, _ = d[1].(float64)
-		}
-		ratio := cd.n("ratio_claim_batch")
-		name := fmt.Sprintf("claim at %s rows vs %s", short(hi), short(lo))
-		gs = append(gs, goal{name, "within 2x", fmt.Sprintf("files.claim_batch %.2fx (files.claim %.2fx)", ratio, cd.n("ratio_claim")),
-			verdict(ratio <= 2, fmt.Sprintf("%.2fx, over 2x", ratio))})
+	ratio := median(pg) / median(rv)
+	m := fmt.Sprintf("%s vs %s rows/s: %sx", thousands(median(pg)), thousands(median(rv)), floor2(ratio))
+	if len(pg) > 1 || len(rv) > 1 {
+		m += fmt.Sprintf(" (medians of %d and %d runs; pgworker %s, River %s)", len(pg), len(rv), span(pg), span(rv))
 	}
-	// Herd.
-	if h := rp.find("pgworker", "herd", nil); h == nil {
-		gs = append(gs, notMeasured("herd", "≤ 1 claim query per process per wake-up", "no herd run"))
-	} else {
-		v := h.n("claim_queries_per_process_per_wakeup")
-		gs = append(gs, goal{"herd", "≤ 1 claim query per process per wake-up",
-			fmt.Sprintf("%.3f (%.1f per row, %g processes)", v, h.n("claim_queries_per_row"), h.n("processes")),
-			verdict(v <= 1, fmt.Sprintf("%.2f above 1", v-1))})
+	return goal{name, target, m,
+		verdict(ratio >= times, fmt.Sprintf("%sx, not %gx (%.2f%% more needed)", floor2(ratio), times, (times/ratio-1)*100))}
+}
+
+// latencyGoals are the pickup p50 on its own and against River's.
+func (rp *report) latencyGoals() []goal {
+	const target = "≥ 20x lower than River"
+	pg := rp.find("pgworker", "latency", nil)
+	if pg == nil {
+		return []goal{notMeasured("pickup p50", "< 2 ms", "no pgworker latency run")}
 	}
-	// Enqueue.
-	if e := rp.find("pgworker", "enqueue", nil); e == nil {
-		gs = append(gs, notMeasured("enqueue", "≥ 100,000 rows/s", "no enqueue run"))
-	} else {
-		v := e.n("rows_per_sec")
-		gs = append(gs, goal{"enqueue", "≥ 100,000 rows/s", thousands(v) + " rows/s",
-			verdict(v >= 100000, fmt.Sprintf("%.0f%% short of 100,000", (1-v/100000)*100))})
+	p50 := pg.n("p50_ms")
+	own := goal{"pickup p50", "< 2 ms", fmt.Sprintf("%.2f ms", p50),
+		verdict(p50 < 2, fmt.Sprintf("%.2f ms over 2 ms", p50-2))}
+	rv := rp.river("latency", pg.n("slots"), false)
+	if rv == nil {
+		return []goal{own, notMeasured("pickup p50 vs River", target, "no River latency run")}
 	}
-	// Pipeline.
-	if p := rp.find("pgworker", "pipeline", nil); p == nil {
-		gs = append(gs, notMeasured("pipeline overhead", "≤ 10%", "no pipeline run"))
-	} else {
-		v := p.n("overhead_pct")
-		gs = append(gs, goal{"pipeline overhead", "≤ 10%",
-			fmt.Sprintf("%.1f%% (%s vs %s rows/s)", v, thousands(p.n("queued.rows_per_sec")), thousands(p.n("direct.rows_per_sec"))),
-			verdict(v <= 10, fmt.Sprintf("%.1f points over 10%%", v-10))})
+	ratio := rv.n("p50_ms") / p50
+	m := fmt.Sprintf("%.2f vs %.2f ms: %.0fx lower", p50, rv.n("p50_ms"), ratio)
+	if tuned := rp.river("latency", pg.n("slots"), true); tuned != nil {
+		m += fmt.Sprintf(" (River with a %g ms fetch cooldown: %.2f ms, %.1fx)", tuned.n("fetch_cooldown_ms"), tuned.n("p50_ms"), tuned.n("p50_ms")/p50)
 	}
-	return gs
+	return []goal{own, {"pickup p50 vs River", target, m, verdict(ratio >= 20, fmt.Sprintf("%.1fx, not 20x", ratio))}}
+}
+
+// claimDepthGoal: a claim at the largest depth within 2x of one at the
+// smallest.
+func (rp *report) claimDepthGoal() goal {
+	cd := rp.find("pgworker", "claim-depth", nil)
+	if cd == nil {
+		return notMeasured("claim at 10M rows", "within 2x of 10k", "no claim-depth run")
+	}
+	d, _ := cd["ratio_depths"].([]any)
+	hi, lo := 0.0, 0.0
+	if len(d) == 2 {
+		hi, _ = d[0].(float64)
+		lo, _ = d[1].(float64)
+	}
+	ratio := cd.n("ratio_claim_batch")
+	name := fmt.Sprintf("claim at %s rows vs %s", short(hi), short(lo))
+	return goal{name, "within 2x", fmt.Sprintf("files.claim_batch %.2fx (files.claim %.2fx)", ratio, cd.n("ratio_claim")),
+		verdict(ratio <= 2, fmt.Sprintf("%.2fx, over 2x", ratio))}
+}
+
+func (rp *report) herdGoal() goal {
+	const target = "≤ 1 claim query per process per wake-up"
+	h := rp.find("pgworker", "herd", nil)
+	if h == nil {
+		return notMeasured("herd", target, "no herd run")
+	}
+	v := h.n("claim_queries_per_process_per_wakeup")
+	return goal{"herd", target,
+		fmt.Sprintf("%.3f (%.1f per row, %g processes)", v, h.n("claim_queries_per_row"), h.n("processes")),
+		verdict(v <= 1, fmt.Sprintf("%.2f above 1", v-1))}
+}
+
+func (rp *report) enqueueGoal() goal {
+	const target = "≥ 100,000 rows/s"
+	e := rp.find("pgworker", "enqueue", nil)
+	if e == nil {
+		return notMeasured("enqueue", target, "no enqueue run")
+	}
+	v := e.n("rows_per_sec")
+	return goal{"enqueue", target, thousands(v) + " rows/s",
+		verdict(v >= 100000, fmt.Sprintf("%.0f%% short of 100,000", (1-v/100000)*100))}
+}
+
+func (rp *report) pipelineGoal() goal {
+	const target = "≤ 10%"
+	p := rp.find("pgworker", "pipeline", nil)
+	if p == nil {
+		return notMeasured("pipeline overhead", target, "no pipeline run")
+	}
+	v := p.n("overhead_pct")
+	return goal{"pipeline overhead", target,
+		fmt.Sprintf("%.1f%% (%s vs %s rows/s)", v, thousands(p.n("queued.rows_per_sec")), thousands(p.n("direct.rows_per_sec"))),
+		verdict(v <= 10, fmt.Sprintf("%.1f points over 10%%", v-10))}
 }
 
 func verdict(met bool, miss string) string {
@@ -382,7 +405,24 @@ func render(w io.Writer, rp *report) {
 	p("The burn-down runs alternate between pgworker and River, three of each at each slot\n")
 	p("count, and the goals compare the medians; every other figure is from one run. The\n")
 	p("machine's other load shows in them.\n\n")
+	renderMachine(p, rp)
+	renderGoals(p, rp)
+	renderReading(p)
+	renderCommands(p, rp)
+	p("## Results\n\n")
+	renderThroughput(p, rp)
+	renderLatency(p, rp)
+	renderClaimDepth(p, rp)
+	renderHerd(p, rp)
+	renderEnqueue(p, rp)
+	renderPipeline(p, rp)
+	renderRaw(p, rp)
+}
 
+type printer func(format string, args ...any)
+
+// renderMachine writes the machine and the versions the results name.
+func renderMachine(p printer, rp *report) {
 	p("## Machine\n\n")
 	m := rp.machine
 	p("| | |\n| --- | --- |\n")
@@ -402,14 +442,7 @@ func render(w io.Writer, rp *report) {
 	if m.Load != "" {
 		p("| load average at the end (1, 5, 15 min) | %s |\n", m.Load)
 	}
-	var first result
-	for _, r := range rp.results {
-		if r.str("system") == "pgworker" {
-			first = r
-			break
-		}
-	}
-	if first != nil {
+	if first := rp.firstOf("pgworker"); first != nil {
 		p("| PostgreSQL | %s |\n", first.str("postgres_version"))
 		if s, ok := first["postgres_settings"].(map[string]any); ok {
 			p("| PostgreSQL settings | fsync %v, synchronous_commit %v, shared_buffers %v |\n", s["fsync"], s["synchronous_commit"], s["shared_buffers"])
@@ -421,14 +454,28 @@ func render(w io.Writer, rp *report) {
 		p("| River | %s |\n", rv.str("river_version"))
 	}
 	p("\n")
+}
 
+// firstOf returns system's first result of any mode.
+func (rp *report) firstOf(system string) result {
+	for _, r := range rp.results {
+		if r.str("system") == system {
+			return r
+		}
+	}
+	return nil
+}
+
+func renderGoals(p printer, rp *report) {
 	p("## Goals\n\n")
 	p("| goal | target | measured | |\n| --- | --- | --- | --- |\n")
 	for _, g := range rp.goals() {
 		p("| %s | %s | %s | %s |\n", g.name, g.target, g.measured, g.verdict)
 	}
 	p("\n")
+}
 
+func renderReading(p printer) {
 	p("## Reading the figures\n\n")
 	p("- PostgreSQL, MinIO, the backend programs and the benchmark share the machine's cores.\n")
 	p("  Where the database is the bottleneck (throughput at many slots, enqueue), the figures\n")
@@ -438,26 +485,23 @@ func render(w io.Writer, rp *report) {
 	p("  and River alike.\n")
 	p("- The load average above tells how much else ran meanwhile; figures of a loaded machine\n")
 	p("  vary by tens of percent from run to run, River's as much as pgworker's.\n\n")
+}
 
-	if len(rp.commands) > 0 {
-		p("## Commands\n\n")
-		p("The database and object store come from the environment (`PGWORKER_DATABASE_URL`,\n")
-		p("`PGWORKER_S3_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); riverbench\n")
-		p("reads `PGWORKER_DATABASE_URL` too and works in a database of its own beside it.\n\n```sh\n")
-		for _, c := range dedupe(rp.commands) {
-			p("%s\n", c)
-		}
-		p("```\n\n")
+func renderCommands(p printer, rp *report) {
+	if len(rp.commands) == 0 {
+		return
 	}
+	p("## Commands\n\n")
+	p("The database and object store come from the environment (`PGWORKER_DATABASE_URL`,\n")
+	p("`PGWORKER_S3_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); riverbench\n")
+	p("reads `PGWORKER_DATABASE_URL` too and works in a database of its own beside it.\n\n```sh\n")
+	for _, c := range dedupe(rp.commands) {
+		p("%s\n", c)
+	}
+	p("```\n\n")
+}
 
-	p("## Results\n\n")
-	renderThroughput(p, rp)
-	renderLatency(p, rp)
-	renderClaimDepth(p, rp)
-	renderHerd(p, rp)
-	renderEnqueue(p, rp)
-	renderPipeline(p, rp)
-
+func renderRaw(p printer, rp *report) {
 	p("## Raw results\n\n<details><summary>JSON, one result per line</summary>\n\n```json\n")
 	for _, r := range rp.results {
 		b, _ := json.Marshal(r)
@@ -465,8 +509,6 @@ func render(w io.Writer, rp *report) {
 	}
 	p("```\n\n</details>\n")
 }
-
-type printer func(format string, args ...any)
 
 func renderThroughput(p printer, rp *report) {
 	pg, rv := rp.all("pgworker", "throughput"), rp.all("river", "throughput")
