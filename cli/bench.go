@@ -200,7 +200,7 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 		fs.DurationVar(&interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
 	case "enqueue":
 		fs.IntVar(&rows, "rows", 1_000_000, "`N` sources to enqueue")
-		fs.IntVar(&batchSize, "batch-size", DefaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --batch-size")
+		fs.IntVar(&batchSize, "batch-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --batch-size")
 	case "pipeline":
 		fs.IntVar(&rows, "rows", 2000, "`N` rows, one input object each")
 		fs.IntVar(&slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
@@ -262,6 +262,7 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	logger := logs.logger(e.stderr, e.lookup)
+	warnPasswordsInArgs(fs, logger)
 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -305,11 +306,19 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 }
 
 // enqueueLoader runs the enqueue command itself, with the database flags of
-// the benchmark, on the sources the benchmark streams in.
+// the benchmark (the URL through the environment, so that it is not taken
+// for one typed on the command line), on the sources the benchmark streams
+// in.
 func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
 	return func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
-		sub := &env{stdin: r, stdout: io.Discard, stderr: e.stderr, lookup: e.lookup}
-		args := []string{"--database-url", db.url, "--queue", queue, "--batch-size", strconv.Itoa(batchSize),
+		lookup := func(name string) (string, bool) {
+			if name == "PGWORKER_DATABASE_URL" {
+				return db.url, true
+			}
+			return e.lookup(name)
+		}
+		sub := &env{stdin: r, stdout: io.Discard, stderr: e.stderr, lookup: lookup}
+		args := []string{"--queue", queue, "--batch-size", strconv.Itoa(batchSize),
 			"--log-format", logs.format, "--log-level", logs.level}
 		if db.statementMode != "" {
 			args = append(args, "--statement-mode", db.statementMode)
