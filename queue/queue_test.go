@@ -212,3 +212,17 @@ func TestStatusAndScaleHint(t *testing.T) {
 		t.Errorf("scale hint: %+v", h)
 	}
 }
+
+func TestCheckSource(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ in, err string }{
+		{"photos/a b.jpg", ""}, {"ünïcödé/✓", ""}, {"s3://bucket/key", ""},
+		{"", "empty"}, {"a\x00b", "NUL byte at byte 2"}, {"ab\xffc", "invalid UTF-8 at byte 3"},
+		{strings.Repeat("x", queue.MaxSourceBytes), ""}, {strings.Repeat("x", queue.MaxSourceBytes+1), "longer than"},
+	} {
+		err := queue.CheckSource(tt.in)
+		if (tt.err == "") != (err == nil) || err != nil && (!strings.Contains(err.Error(), tt.err) || !errors.Is(err, queue.ErrInvalidSource)) {
+			t.Errorf("CheckSource(%.20q) = %v, want %q", tt.in, err, tt.err)
+		}
+	}
+}
