@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgworker/pgworker/queue"
 )
 
 var retryCommand = &command{
@@ -57,21 +57,17 @@ var resumeCommand = &command{
 }
 
 func (c *CLI) retry(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(retryCommand)
+	inv := e.invocation(retryCommand)
 	var (
-		db     dbFlags
-		logs   logFlags
-		queue  string
-		failed bool
+		queueName string
+		failed    bool
 	)
-	db.add(fs)
-	logs.add(fs)
-	fs.BoolVar(&failed, "failed", false, "retry every failed row (of --queue)")
-	fs.StringVar(&queue, "queue", "", "only rows of this `QUEUE`")
-	if help, err := e.parseFlags(fs, args); help || err != nil {
+	inv.fs.BoolVar(&failed, "failed", false, "retry every failed row (of --queue)")
+	inv.fs.StringVar(&queueName, "queue", "", "only rows of this `QUEUE`")
+	if help, err := inv.parse(args); help || err != nil {
 		return err
 	}
-	ids, err := parseIDs(fs.Args())
+	ids, err := parseIDs(inv.fs.Args())
 	if err != nil {
 		return err
 	}
@@ -81,34 +77,42 @@ func (c *CLI) retry(ctx context.Context, e *env, args []string) error {
 	case !failed && len(ids) == 0:
 		return usagef("say which rows: --failed, or their ids (see 'pgworker retry --help')")
 	}
-	if err := logs.validate(); err != nil {
-		return err
+	if inv.fs.given("queue") {
+		if err := checkQueueFlag(queueName, "leave --queue out to retry in every queue"); err != nil {
+			return err
+		}
 	}
-	if err := db.resolve(fs, e.lookup); err != nil {
-		return err
-	}
-	pool, err := db.connect(ctx, 1)
+	q, done, err := inv.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	var idArg []int64 // NULL: every failed row
-	if !failed {
-		idArg = ids
-	}
-	var queueArg *string
-	if queue != "" {
-		queueArg = &queue
-	}
+	defer done()
+	opts := &queue.RetryOpts{Queue: queueName}
 	var n int64
-	if err := pool.QueryRow(ctx, sqlRetry, idArg, queueArg).Scan(&n); err != nil {
-		return fmt.Errorf("retry: %w", explain(err))
+	if failed {
+		n, err = q.RetryFailed(ctx, opts)
+	} else {
+		n, err = q.Retry(ctx, ids, opts)
+	}
+	if err != nil {
+		return explain(err)
 	}
 	fmt.Fprintf(e.stdout, "requeued %d %s\n", n, plural(n, "row", "rows"))
 	if !failed && n < int64(len(ids)) {
 		fmt.Fprintf(e.stdout, "%d of the %d rows given were not failed, cancelled or done%s, and were left alone\n",
-			int64(len(ids))-n, len(ids), inQueue(queue))
+			int64(len(ids))-n, len(ids), inQueue(queueName))
+	}
+	return nil
+}
+
+// checkQueueFlag refuses an empty or overlong --queue; instead says what
+// to do for every queue.
+func checkQueueFlag(name, instead string) error {
+	if name == "" {
+		return usagef("--queue is empty: give a queue name (%s)", instead)
+	}
+	if err := queue.CheckQueue(name); err != nil {
+		return usagef("--queue: %v", err)
 	}
 	return nil
 }
@@ -121,37 +125,25 @@ func inQueue(q string) string {
 }
 
 func (c *CLI) cancel(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(cancelCommand)
-	var (
-		db   dbFlags
-		logs logFlags
-	)
-	db.add(fs)
-	logs.add(fs)
-	if help, err := e.parseFlags(fs, args); help || err != nil {
+	inv := e.invocation(cancelCommand)
+	if help, err := inv.parse(args); help || err != nil {
 		return err
 	}
-	ids, err := parseIDs(fs.Args())
+	ids, err := parseIDs(inv.fs.Args())
 	if err != nil {
 		return err
 	}
 	if len(ids) == 0 {
 		return usagef("give the ids of the rows to cancel (see 'pgworker cancel --help')")
 	}
-	if err := logs.validate(); err != nil {
-		return err
-	}
-	if err := db.resolve(fs, e.lookup); err != nil {
-		return err
-	}
-	pool, err := db.connect(ctx, 1)
+	q, done, err := inv.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	var n int64
-	if err := pool.QueryRow(ctx, sqlCancel, ids).Scan(&n); err != nil {
-		return fmt.Errorf("cancel: %w", explain(err))
+	defer done()
+	n, err := q.Cancel(ctx, ids)
+	if err != nil {
+		return explain(err)
 	}
 	fmt.Fprintf(e.stdout, "cancelled %d %s\n", n, plural(n, "row", "rows"))
 	if n < int64(len(ids)) {
@@ -162,70 +154,59 @@ func (c *CLI) cancel(ctx context.Context, e *env, args []string) error {
 }
 
 func (c *CLI) pause(ctx context.Context, e *env, args []string) error {
-	return c.queueCommand(ctx, e, args, pauseCommand, func(ctx context.Context, e *env, q string, db *dbFlags) error {
-		pool, err := db.connect(ctx, 1)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		var existed bool
-		if err := pool.QueryRow(ctx, sqlQueueExists, q).Scan(&existed); err != nil {
-			return fmt.Errorf("pause: %w", explain(err))
-		}
-		if _, err := pool.Exec(ctx, sqlPause, q); err != nil {
-			return fmt.Errorf("pause: %w", explain(err))
-		}
-		if existed {
-			fmt.Fprintf(e.stdout, "paused queue %q: workers take no new rows from it; running rows go on\n", q)
-		} else {
-			fmt.Fprintf(e.stdout, "paused queue %q, a new queue: rows enqueued to it will wait until it is resumed\n", q)
-		}
-		return nil
-	})
+	q, name, done, err := queueCommand(ctx, e, args, pauseCommand)
+	if q == nil {
+		return err
+	}
+	defer done()
+	known, err := q.Pause(ctx, name)
+	if err != nil {
+		return explain(err)
+	}
+	if known {
+		fmt.Fprintf(e.stdout, "paused queue %q: workers take no new rows from it; running rows go on\n", name)
+	} else {
+		fmt.Fprintf(e.stdout, "paused queue %q, a new queue: rows enqueued to it will wait until it is resumed\n", name)
+	}
+	return nil
 }
 
 func (c *CLI) resume(ctx context.Context, e *env, args []string) error {
-	return c.queueCommand(ctx, e, args, resumeCommand, func(ctx context.Context, e *env, q string, db *dbFlags) error {
-		pool, err := db.connect(ctx, 1)
-		if err != nil {
-			return err
+	q, name, done, err := queueCommand(ctx, e, args, resumeCommand)
+	if q == nil {
+		return err
+	}
+	defer done()
+	if err := q.Resume(ctx, name); err != nil {
+		if errors.Is(err, queue.ErrNoQueue) {
+			return fmt.Errorf("no queue named %q (pgworker status lists the queues)", name)
 		}
-		defer pool.Close()
-		if _, err := pool.Exec(ctx, sqlResume, q); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "P0002" {
-				return fmt.Errorf("no queue named %q (pgworker status lists the queues)", q)
-			}
-			return fmt.Errorf("resume: %w", explain(err))
-		}
-		fmt.Fprintf(e.stdout, "resumed queue %q\n", q)
-		return nil
-	})
+		return explain(err)
+	}
+	fmt.Fprintf(e.stdout, "resumed queue %q\n", name)
+	return nil
 }
 
-// queueCommand parses the flags and the one QUEUE argument of pause and resume.
-func (c *CLI) queueCommand(ctx context.Context, e *env, args []string, cmd *command,
-	do func(ctx context.Context, e *env, queue string, db *dbFlags) error) error {
-	fs := newFlagSet(cmd)
-	var (
-		db   dbFlags
-		logs logFlags
-	)
-	db.add(fs)
-	logs.add(fs)
-	if help, err := e.parseFlags(fs, args); help || err != nil {
-		return err
+// queueCommand parses the flags and the one QUEUE argument of pause and
+// resume, and connects. A nil q (with a nil err after --help) means there
+// is nothing more to do.
+func queueCommand(ctx context.Context, e *env, args []string, cmd *command) (q *queue.Client, name string, done func(), err error) {
+	inv := e.invocation(cmd)
+	if help, err := inv.parse(args); help || err != nil {
+		return nil, "", nil, err
 	}
-	if fs.NArg() != 1 || fs.Arg(0) == "" {
-		return usagef("give exactly one queue name (see 'pgworker %s --help')", cmd.name)
+	if inv.fs.NArg() != 1 {
+		return nil, "", nil, usagef("give exactly one queue name (see 'pgworker %s --help')", cmd.name)
 	}
-	if err := logs.validate(); err != nil {
-		return err
+	name = inv.fs.Arg(0)
+	if name == "" {
+		return nil, "", nil, usagef("the queue name is empty: give the name of one queue (pgworker status lists them)")
 	}
-	if err := db.resolve(fs, e.lookup); err != nil {
-		return err
+	if err := queue.CheckQueue(name); err != nil {
+		return nil, "", nil, usagef("%v", err)
 	}
-	return do(ctx, e, fs.Arg(0), &db)
+	q, done, err = inv.client(ctx)
+	return q, name, done, err
 }
 
 // parseIDs parses row ids.

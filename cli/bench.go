@@ -146,14 +146,7 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
-		fs := newFlagSet(benchCommand)
-		var (
-			db   dbFlags
-			logs logFlags
-		)
-		db.add(fs)
-		logs.add(fs)
-		fs.printHelp(e.stdout)
+		e.invocation(benchCommand).fs.printHelp(e.stdout)
 		return nil
 	}
 	mode := args[0]
@@ -161,155 +154,174 @@ func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	if !ok {
 		return usagef("unknown bench mode %q: say %s", mode, benchModeOrder)
 	}
-	fs := newFlagSet(sub)
-	var (
-		db      dbFlags
-		logs    logFlags
-		asJSON  bool
-		force   bool
-		timeout time.Duration
-	)
-	db.add(fs)
-	logs.add(fs)
-	fs.BoolVar(&asJSON, "json", false, "print the result as one line of JSON")
-	fs.BoolVar(&force, "force", false, "run on a database that holds rows of other queues or live worker slots (only rows of queue pgworker-bench are deleted)")
-	fs.DurationVar(&timeout, "timeout", time.Hour, "give up after this long")
+	inv := e.invocation(sub)
+	f := &benchFlags{mode: mode}
+	f.add(inv.fs)
+	if help, err := inv.parse(args[1:]); help || err != nil {
+		return err
+	}
+	if err := inv.noArgs(); err != nil {
+		return err
+	}
+	if err := f.check(inv.fs); err != nil {
+		return err
+	}
+	if err := inv.resolve(); err != nil {
+		return err
+	}
 
-	var (
-		rows, slots, maxConns, claims, processes, batchSize, size, rounds int
-		rate                                                              float64
-		depths, execCmd, inputStore, outputStore                          string
-		interval                                                          time.Duration
-	)
-	switch mode {
-	case "throughput":
-		fs.IntVar(&rows, "rows", 20000, "`N` rows to burn down")
-		fs.IntVar(&slots, "slots", 100, "`N` slots of the worker")
-		fs.IntVar(&maxConns, "max-conns", 8, "`N` connections in the worker's pool")
-	case "latency":
-		fs.IntVar(&rows, "rows", 500, "`N` rows to insert and time")
-		fs.Float64Var(&rate, "rate", 50, "rows inserted per second")
-		fs.IntVar(&slots, "slots", 100, "`N` idle slots of the worker")
-	case "claim-depth":
-		fs.StringVar(&depths, "depths", "10000,1000000,10000000", "table sizes to measure at: comma-separated `N`s (10k, 1M allowed)")
-		fs.IntVar(&claims, "claims", 200, "`N` timed claims of each function per depth")
-	case "herd":
-		fs.IntVar(&processes, "processes", 20, "`N` worker runtimes, each with its own connections")
-		fs.IntVar(&slots, "slots", 50, "`N` idle slots per runtime")
-		fs.IntVar(&rows, "rows", 100, "`N` rows inserted one at a time")
-		fs.DurationVar(&interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
-	case "enqueue":
-		fs.IntVar(&rows, "rows", 1_000_000, "`N` sources to enqueue")
-		fs.IntVar(&batchSize, "batch-size", DefaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --batch-size")
-	case "pipeline":
-		fs.IntVar(&rows, "rows", 2000, "`N` rows, one input object each")
-		fs.IntVar(&slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
-		fs.IntVar(&size, "size", 4096, "`BYTES` per input object")
-		fs.IntVar(&rounds, "rounds", 4, "`N` rounds, each running its share of the rows both ways")
-		fs.StringVar(&execCmd, "exec", bench.DefaultPipelineExec, "the backend `COMMAND`, with placeholders as for pgworker run")
-		fs.StringVar(&inputStore, "input-store", "", "`URL` to upload the inputs to: s3://bucket/prefix or file:///dir")
-		fs.env("input-store", "PGWORKER_INPUT_STORE")
-		fs.StringVar(&outputStore, "output-store", "", "`URL` for the outputs: s3://bucket/prefix or file:///dir")
-		fs.env("output-store", "PGWORKER_OUTPUT_STORE")
-	}
-	if help, err := e.parseFlags(fs, args[1:]); help || err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q (see 'pgworker %s --help')", fs.Arg(0), sub.name)
-	}
-	if err := logs.validate(); err != nil {
-		return err
-	}
-	for _, f := range []struct {
-		name    string
-		v, high int
-	}{{"rows", rows, 100_000_000}, {"slots", slots, 10_000}, {"max-conns", maxConns, 1000}, {"claims", claims, 1_000_000},
-		{"processes", processes, 500}, {"batch-size", batchSize, 1_000_000}, {"size", size, 1 << 30}, {"rounds", rounds, 1000}} {
-		if fs.Lookup(f.name) != nil && (f.v < 1 || f.v > f.high) {
-			return usagef("--%s must be between 1 and %d", f.name, f.high)
-		}
-	}
-	if timeout <= 0 {
-		return usagef("--timeout must be positive")
-	}
-	var depthList []int
-	switch mode {
-	case "latency":
-		if rate <= 0 || rate > 100_000 {
-			return usagef("--rate must be above 0 and at most 100000 rows per second")
-		}
-	case "claim-depth":
-		var err error
-		if depthList, err = parseDepths(depths); err != nil {
-			return err
-		}
-	case "herd":
-		if interval < 0 {
-			return usagef("--interval must not be negative")
-		}
-	case "pipeline":
-		if inputStore == "" || outputStore == "" {
-			return usagef("bench pipeline needs --input-store and --output-store (s3://bucket/prefix or file:///dir; or PGWORKER_INPUT_STORE and PGWORKER_OUTPUT_STORE)")
-		}
-		for _, s := range []struct{ flag, url string }{{"--input-store", inputStore}, {"--output-store", outputStore}} {
-			if err := checkStoreURL(s.url); err != nil {
-				return usagef("%s %q: %v", s.flag, s.url, err)
-			}
-		}
-	}
-	if err := db.resolve(fs, e.lookup); err != nil {
-		return err
-	}
-	logger := logs.logger(e.stderr, e.lookup)
-
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	pool, err := db.connect(ctx, 4)
+	pool, err := inv.connect(ctx, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	b, err := bench.New(pool, &bench.Config{Force: force, Version: version(), Logger: logger})
+	b, err := bench.New(pool, &bench.Config{Force: f.force, Version: version(), Logger: inv.logger()})
 	if err != nil {
 		return err
 	}
-
-	var res any
-	switch mode {
-	case "throughput":
-		res, err = b.Throughput(ctx, &bench.ThroughputConfig{Rows: rows, Slots: slots, MaxConns: maxConns})
-	case "latency":
-		res, err = b.Latency(ctx, &bench.LatencyConfig{Rows: rows, Rate: rate, Slots: slots})
-	case "claim-depth":
-		res, err = b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: depthList, Claims: claims})
-	case "herd":
-		res, err = b.Herd(ctx, &bench.HerdConfig{Processes: processes, Slots: slots, Rows: rows, Interval: interval})
-	case "enqueue":
-		res, err = b.Enqueue(ctx, &bench.EnqueueConfig{Rows: rows, BatchSize: batchSize, Load: c.enqueueLoader(e, &db, &logs)})
-	case "pipeline":
-		res, err = benchPipeline(ctx, b, logger, &bench.PipelineConfig{Rows: rows, Slots: slots, ObjectSize: size, Rounds: rounds, Exec: execCmd},
-			inputStore, outputStore)
-	}
+	res, err := c.runBench(ctx, inv, b, f)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			err = fmt.Errorf("bench %s: gave up after --timeout %s: %w", mode, timeout, err)
+			err = fmt.Errorf("bench %s: gave up after --timeout %s: %w", mode, f.timeout, err)
 		}
 		return err
 	}
-	if asJSON {
+	if f.asJSON {
 		return json.NewEncoder(e.stdout).Encode(res)
 	}
 	_, err = fmt.Fprintln(e.stdout, benchText(res))
 	return err
 }
 
+// benchFlags are the flags of one bench mode: the common ones, and those
+// of the mode (the others stay zero).
+type benchFlags struct {
+	mode    string
+	asJSON  bool
+	force   bool
+	timeout time.Duration
+
+	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
+	rate                                                              float64
+	depths, execCmd, inputStore, outputStore                          string
+	interval                                                          time.Duration
+	depthList                                                         []int // parsed from depths
+}
+
+func (f *benchFlags) add(fs *flagSet) {
+	fs.BoolVar(&f.asJSON, "json", false, "print the result as one line of JSON")
+	fs.BoolVar(&f.force, "force", false, "run on a database that holds rows of other queues or live worker slots (only rows of queue pgworker-bench are deleted)")
+	fs.DurationVar(&f.timeout, "timeout", time.Hour, "give up after this long")
+	switch f.mode {
+	case "throughput":
+		fs.IntVar(&f.rows, "rows", 20000, "`N` rows to burn down")
+		fs.IntVar(&f.slots, "slots", 100, "`N` slots of the worker")
+		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+	case "latency":
+		fs.IntVar(&f.rows, "rows", 500, "`N` rows to insert and time")
+		fs.Float64Var(&f.rate, "rate", 50, "rows inserted per second")
+		fs.IntVar(&f.slots, "slots", 100, "`N` idle slots of the worker")
+	case "claim-depth":
+		fs.StringVar(&f.depths, "depths", "10000,1000000,10000000", "table sizes to measure at: comma-separated `N`s (10k, 1M allowed)")
+		fs.IntVar(&f.claims, "claims", 200, "`N` timed claims of each function per depth")
+	case "herd":
+		fs.IntVar(&f.processes, "processes", 20, "`N` worker runtimes, each with its own connections")
+		fs.IntVar(&f.slots, "slots", 50, "`N` idle slots per runtime")
+		fs.IntVar(&f.rows, "rows", 100, "`N` rows inserted one at a time")
+		fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
+	case "enqueue":
+		fs.IntVar(&f.rows, "rows", 1_000_000, "`N` sources to enqueue")
+		fs.IntVar(&f.batchSize, "batch-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --batch-size")
+	case "pipeline":
+		fs.IntVar(&f.rows, "rows", 2000, "`N` rows, one input object each")
+		fs.IntVar(&f.slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
+		fs.IntVar(&f.size, "size", 4096, "`BYTES` per input object")
+		fs.IntVar(&f.rounds, "rounds", 4, "`N` rounds, each running its share of the rows both ways")
+		fs.StringVar(&f.execCmd, "exec", bench.DefaultPipelineExec, "the backend `COMMAND`, with placeholders as for pgworker run")
+		fs.StringVar(&f.inputStore, "input-store", "", "`URL` to upload the inputs to: s3://bucket/prefix or file:///dir")
+		fs.env("input-store", "PGWORKER_INPUT_STORE")
+		fs.StringVar(&f.outputStore, "output-store", "", "`URL` for the outputs: s3://bucket/prefix or file:///dir")
+		fs.env("output-store", "PGWORKER_OUTPUT_STORE")
+	}
+}
+
+// check validates the flags that need no I/O.
+func (f *benchFlags) check(fs *flagSet) error {
+	for _, fl := range []struct {
+		name    string
+		v, high int
+	}{{"rows", f.rows, 100_000_000}, {"slots", f.slots, 10_000}, {"max-conns", f.maxConns, 1000}, {"claims", f.claims, 1_000_000},
+		{"processes", f.processes, 500}, {"batch-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000}} {
+		if fs.Lookup(fl.name) != nil && (fl.v < 1 || fl.v > fl.high) {
+			return usagef("--%s must be between 1 and %d", fl.name, fl.high)
+		}
+	}
+	if f.timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	switch f.mode {
+	case "latency":
+		if f.rate <= 0 || f.rate > 100_000 {
+			return usagef("--rate must be above 0 and at most 100000 rows per second")
+		}
+	case "claim-depth":
+		var err error
+		if f.depthList, err = parseDepths(f.depths); err != nil {
+			return err
+		}
+	case "herd":
+		if f.interval < 0 {
+			return usagef("--interval must not be negative")
+		}
+	case "pipeline":
+		if f.inputStore == "" || f.outputStore == "" {
+			return usagef("bench pipeline needs --input-store and --output-store (s3://bucket/prefix or file:///dir; or PGWORKER_INPUT_STORE and PGWORKER_OUTPUT_STORE)")
+		}
+		for _, s := range []struct{ flag, url string }{{"--input-store", f.inputStore}, {"--output-store", f.outputStore}} {
+			if err := checkStoreURL(s.url); err != nil {
+				return usagef("%s %q: %v", s.flag, s.url, err)
+			}
+		}
+	}
+	return nil
+}
+
+// runBench runs the mode.
+func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *benchFlags) (any, error) {
+	switch f.mode {
+	case "throughput":
+		return b.Throughput(ctx, &bench.ThroughputConfig{Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns})
+	case "latency":
+		return b.Latency(ctx, &bench.LatencyConfig{Rows: f.rows, Rate: f.rate, Slots: f.slots})
+	case "claim-depth":
+		return b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: f.depthList, Claims: f.claims})
+	case "herd":
+		return b.Herd(ctx, &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval})
+	case "enqueue":
+		return b.Enqueue(ctx, &bench.EnqueueConfig{Rows: f.rows, BatchSize: f.batchSize, Load: c.enqueueLoader(inv.env, &inv.db, &inv.logs)})
+	case "pipeline":
+		return benchPipeline(ctx, b, inv.logger(), &bench.PipelineConfig{Rows: f.rows, Slots: f.slots, ObjectSize: f.size, Rounds: f.rounds, Exec: f.execCmd},
+			f.inputStore, f.outputStore)
+	}
+	return nil, usagef("unknown bench mode %q: say %s", f.mode, benchModeOrder)
+}
+
 // enqueueLoader runs the enqueue command itself, with the database flags of
-// the benchmark, on the sources the benchmark streams in.
+// the benchmark (the URL through the environment, so that it is not taken
+// for one typed on the command line), on the sources the benchmark streams
+// in.
 func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
 	return func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
-		sub := &env{stdin: r, stdout: io.Discard, stderr: e.stderr, lookup: e.lookup}
-		args := []string{"--database-url", db.url, "--queue", queue, "--batch-size", strconv.Itoa(batchSize),
+		lookup := func(name string) (string, bool) {
+			if name == "PGWORKER_DATABASE_URL" {
+				return db.url, true
+			}
+			return e.lookup(name)
+		}
+		sub := &env{stdin: r, stdout: io.Discard, stderr: e.stderr, lookup: lookup}
+		args := []string{"--queue", queue, "--batch-size", strconv.Itoa(batchSize),
 			"--log-format", logs.format, "--log-level", logs.level}
 		if db.statementMode != "" {
 			args = append(args, "--statement-mode", db.statementMode)

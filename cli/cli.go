@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -41,7 +40,7 @@ type Config struct {
 // CLI is the pgworker command line.
 type CLI struct {
 	cfg      Config
-	commands map[string]*entry
+	commands []*entry // in the order pgworker --help lists them
 }
 
 // entry is a subcommand: its description and what runs it.
@@ -72,8 +71,7 @@ func New(cfg *Config) *CLI {
 	if c.cfg.LookupEnv == nil {
 		c.cfg.LookupEnv = os.LookupEnv
 	}
-	c.commands = map[string]*entry{}
-	for _, e := range []*entry{
+	c.commands = []*entry{
 		{migrateCommand, c.migrate},
 		{enqueueCommand, c.enqueue},
 		{runCommand, c.run},
@@ -85,8 +83,6 @@ func New(cfg *Config) *CLI {
 		{resumeCommand, c.resume},
 		{versionCommand, c.version},
 		{benchCommand, c.bench},
-	} {
-		c.commands[e.name] = e
 	}
 	return c
 }
@@ -116,7 +112,7 @@ func (c *CLI) Main(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	switch name {
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 && name == "help" {
-			if cmd, ok := c.commands[rest[0]]; ok {
+			if cmd := c.command(rest[0]); cmd != nil {
 				return c.finish(e, cmd.name, cmd.run(ctx, e, append(rest[1:], "--help")))
 			}
 		}
@@ -125,8 +121,8 @@ func (c *CLI) Main(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	case "-version", "--version":
 		name = "version"
 	}
-	cmd, ok := c.commands[name]
-	if !ok {
+	cmd := c.command(name)
+	if cmd == nil {
 		fmt.Fprintf(stderr, "pgworker: unknown command %q (run 'pgworker --help' for the list)\n", name)
 		return ExitUsage
 	}
@@ -139,12 +135,23 @@ func (c *CLI) Main(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	return c.finish(e, name, cmd.run(ctx, e, rest))
 }
 
-// finish prints err as one line and returns the exit status.
+// command returns the command called name, or nil.
+func (c *CLI) command(name string) *entry {
+	for _, e := range c.commands {
+		if e.name == name {
+			return e
+		}
+	}
+	return nil
+}
+
+// finish prints err as one line, with what could drive a terminal escaped,
+// and returns the exit status.
 func (c *CLI) finish(e *env, name string, err error) int {
 	if err == nil {
 		return ExitOK
 	}
-	msg := strings.Join(strings.Fields(err.Error()), " ")
+	msg := printable(strings.Join(strings.Fields(err.Error()), " "))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(e.stderr, "pgworker %s: %s\n", name, msg)
@@ -181,15 +188,9 @@ Usage: pgworker COMMAND [flags] [arguments]
 
 Commands:
 `)
-	names := make([]string, 0, len(c.commands))
-	for n := range c.commands {
-		names = append(names, n)
-	}
-	order := map[string]int{"migrate": 0, "enqueue": 1, "run": 2, "status": 3, "scale-hint": 4, "retry": 5, "cancel": 6, "pause": 7, "resume": 8, "version": 9, "bench": 10}
-	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	for _, n := range names {
-		fmt.Fprintf(tw, "  %s\t%s\n", n, c.commands[n].summary)
+	for _, cmd := range c.commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
@@ -197,7 +198,7 @@ Every flag has an environment twin, shown in each command's help as [$NAME];
 a flag on the command line wins over its twin.
 
 Quick start:
-  export PGWORKER_DATABASE_URL=postgres://app:secret@db:5432/queue
+  export PGWORKER_DATABASE_URL=postgres://app@db:5432/queue   # the password in ~/.pgpass
   pgworker migrate up
   ls photos/ | pgworker enqueue --queue thumbs
   pgworker run --queue thumbs --input-store file:///srv/photos --output-store file:///srv/thumbs \

@@ -34,7 +34,9 @@ type dbFlags struct {
 }
 
 func (d *dbFlags) add(fs *flagSet) {
-	fs.StringVar(&d.url, "database-url", "", "PostgreSQL `URL` of the queue database, e.g. postgres://app:secret@db:5432/queue")
+	fs.StringVar(&d.url, "database-url", "", "PostgreSQL `URL` of the queue database, e.g. postgres://app@db:5432/queue; "+
+		"keep its password in ~/.pgpass (or PGPASSFILE, or passfile= in the URL) or set the URL in the environment: "+
+		"the command line is visible to every user of the machine")
 	fs.env("database-url", "PGWORKER_DATABASE_URL", "DATABASE_URL")
 	fs.StringVar(&d.statementMode, "statement-mode", "",
 		"how statements are sent: `MODE` is prepared, describe, exec or simple; exec or simple through a PgBouncer in "+

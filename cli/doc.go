@@ -14,8 +14,9 @@
 //	})
 //	os.Exit(c.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 //
-// Commands: migrate up|down|status, enqueue, run, status, scale-hint, retry,
-// cancel, pause, resume, version; each has --help with examples. Every flag
+// 'pgworker --help' lists the commands; each has --help with examples. The
+// producer and operator commands are a layer over package queue, which a Go
+// program calls directly to enqueue without shelling out. Every flag
 // has an environment twin (--database-url: PGWORKER_DATABASE_URL, then
 // DATABASE_URL); the command line wins. Errors are one line on stderr; the
 // exit status is 0 on success, 1 for runtime errors and 2 for usage errors.

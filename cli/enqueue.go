@@ -11,18 +11,12 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgworker/pgworker/queue"
 )
 
-// MaxSourceBytes bounds the length of a source: an S3 key has at most 1024
-// bytes, a path at most 4096.
-const MaxSourceBytes = 4096
-
-// DefaultBatchSize is how many rows enqueue loads per transaction.
-const DefaultBatchSize = 10000
+// defaultBatchSize is how many rows enqueue loads per transaction.
+const defaultBatchSize = 10000
 
 // Lister lists the objects of a location for `pgworker enqueue --from`.
 type Lister interface {
@@ -55,7 +49,10 @@ A source that starts with - follows -- (pgworker enqueue -- -odd-name).
 
 Rows are loaded with COPY in batches (--batch-size), each in its own
 transaction: a batch is in the queue whole or not at all. When the load
-stops, the message says which rows were loaded and from where to go on.`,
+stops, the message says which rows were loaded and from where to go on.
+
+--payload is one JSON object of at most 1 MiB; store larger data as an object
+and put its key in the payload.`,
 	examples: `
 pgworker enqueue photos/a.jpg photos/b.jpg
 find /srv/photos -name '*.jpg' -printf '%P\n' | pgworker enqueue --queue thumbs
@@ -64,122 +61,92 @@ pgworker enqueue --from s3://photos/2024/`,
 }
 
 func (c *CLI) enqueue(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(enqueueCommand)
-	var (
-		db          dbFlags
-		logs        logFlags
-		queue       string
-		priority    int
-		maxAttempts int
-		payload     string
-		batchSize   int
-		from        string
-	)
-	db.add(fs)
-	logs.add(fs)
-	fs.StringVar(&queue, "queue", "default", "`QUEUE` to add the rows to")
-	fs.env("queue", "PGWORKER_QUEUE")
-	fs.IntVar(&priority, "priority", 0, "row priority `N`: larger runs first")
-	fs.IntVar(&maxAttempts, "max-attempts", 0, "`N` attempts before a row ends failed (default: the table's, 5)")
-	fs.StringVar(&payload, "payload", "{}", "`JSON` object stored with every row and handed to the program (PGWORKER_PAYLOAD)")
-	fs.IntVar(&batchSize, "batch-size", DefaultBatchSize, "`N` rows per COPY batch and transaction")
-	fs.env("batch-size", "PGWORKER_BATCH_SIZE")
-	fs.StringVar(&from, "from", "", "enqueue every object under this `URL` (s3://bucket/prefix or file:///dir)")
-	if help, err := e.parseFlags(fs, args); help || err != nil {
+	inv := e.invocation(enqueueCommand)
+	var f enqueueFlags
+	f.add(inv.fs)
+	if help, err := inv.parse(args); help || err != nil {
 		return err
 	}
-	if err := logs.validate(); err != nil {
-		return err
-	}
-	if queue == "" || len(queue) > 128 {
-		return usagef("--queue must have 1 to 128 characters")
-	}
-	if priority < math.MinInt32 || priority > math.MaxInt32 {
-		return usagef("--priority %d is out of range (it is a 32-bit integer)", priority)
-	}
-	if fs.given("max-attempts") && (maxAttempts < 1 || maxAttempts > math.MaxInt32) {
-		return usagef("--max-attempts must be at least 1")
-	}
-	if batchSize < 1 || batchSize > 1_000_000 {
-		return usagef("--batch-size must be between 1 and 1000000")
-	}
-	payloadJSON, err := checkPayload(payload)
+	opts, err := f.check(inv.fs)
 	if err != nil {
 		return err
 	}
-	sources := fs.Args()
-	if from != "" && len(sources) > 0 {
-		return usagef("give sources as arguments, on standard input or with --from, not several of these")
-	}
-	stdinArgs := 0
-	for i, s := range sources {
-		if s == "-" {
-			stdinArgs++
-		} else if err := checkSource(s); err != nil {
-			return usagef("argument %d: %v", i+1, err)
-		}
-	}
-	if stdinArgs > 1 {
-		return usagef("- (standard input) may be given once")
-	}
-	if err := db.resolve(fs, e.lookup); err != nil {
+	if err := checkSourceArgs(inv.fs.Args(), f.from); err != nil {
 		return err
 	}
-	logger := logs.logger(e.stderr, e.lookup)
-
+	if err := inv.resolve(); err != nil {
+		return err
+	}
 	var lister Lister
-	if from != "" {
-		if c.cfg.OpenLister == nil {
-			return fmt.Errorf("--from %s: listing object stores is not available in this build; "+
-				"list the keys another way and pipe them in, one per line", from)
-		}
-		if lister, err = c.cfg.OpenLister(ctx, from); err != nil {
-			return fmt.Errorf("--from %s: %w", from, err)
+	if f.from != "" {
+		if lister, err = c.cfg.OpenLister(ctx, f.from); err != nil {
+			return fmt.Errorf("--from %s: %w", f.from, err)
 		}
 	}
-
-	pool, err := db.connect(ctx, 1)
+	q, done, err := inv.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	l := newLoader(pool, logger, batchSize, queue, int32(priority), payloadJSON)
-	if fs.given("max-attempts") {
-		l.withMaxAttempts(int32(maxAttempts))
-	}
-	switch {
-	case lister != nil:
-		n := 0
-		err = lister.List(ctx, func(src string) error {
-			n++
-			return l.add(ctx, src, position{kind: "object", n: n})
-		})
-	case len(sources) == 0:
-		err = l.readLines(ctx, e, "stdin line")
-	default:
-		for i, s := range sources {
-			if s == "-" {
-				err = l.readLines(ctx, e, "stdin line")
-			} else {
-				err = l.add(ctx, s, position{kind: "argument", n: i + 1})
-			}
-			if err != nil {
-				break
-			}
-		}
-	}
-	if err == nil {
-		err = l.flush(ctx)
-	}
-	if err != nil {
+	defer done()
+	l := &loader{q: q, opts: opts, logger: inv.logger(), size: f.batchSize, batch: make([]string, 0, f.batchSize)}
+	if err := l.load(ctx, e, lister, inv.fs.Args()); err != nil {
 		return l.stopped(err)
 	}
-	fmt.Fprintf(e.stdout, "enqueued %d %s into queue %q\n", l.committed, plural(l.committed, "row", "rows"), queue)
+	fmt.Fprintf(e.stdout, "enqueued %d %s into queue %q\n", l.committed, plural(l.committed, "row", "rows"), opts.Queue)
 	return nil
 }
 
-// checkPayload accepts a JSON object, before anything touches the database.
+// enqueueFlags are the flags of pgworker enqueue.
+type enqueueFlags struct {
+	queue       string
+	priority    int
+	maxAttempts int
+	payload     string
+	batchSize   int
+	from        string
+}
+
+func (f *enqueueFlags) add(fs *flagSet) {
+	fs.StringVar(&f.queue, "queue", "default", "`QUEUE` to add the rows to")
+	fs.env("queue", "PGWORKER_QUEUE")
+	fs.IntVar(&f.priority, "priority", 0, "row priority `N`: larger runs first")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "`N` attempts before a row ends failed (default: the table's, 5)")
+	fs.StringVar(&f.payload, "payload", "{}", "`JSON` object stored with every row and handed to the program (PGWORKER_PAYLOAD); at most 1 MiB")
+	fs.IntVar(&f.batchSize, "batch-size", defaultBatchSize, "`N` rows per COPY batch and transaction")
+	fs.env("batch-size", "PGWORKER_BATCH_SIZE")
+	fs.StringVar(&f.from, "from", "", "enqueue every object under this `URL` (s3://bucket/prefix or file:///dir)")
+}
+
+// check validates the flags, before anything touches the database, and
+// returns the rows' columns.
+func (f *enqueueFlags) check(fs *flagSet) (*queue.EnqueueOpts, error) {
+	if f.queue == "" {
+		return nil, usagef("--queue is empty: give a queue name, or leave --queue out for the queue \"default\"")
+	}
+	if len(f.queue) > queue.MaxQueueBytes {
+		return nil, usagef("--queue must have 1 to %d characters", queue.MaxQueueBytes)
+	}
+	if f.priority < math.MinInt32 || f.priority > math.MaxInt32 {
+		return nil, usagef("--priority %d is out of range (it is a 32-bit integer)", f.priority)
+	}
+	if fs.given("max-attempts") && (f.maxAttempts < 1 || f.maxAttempts > math.MaxInt32) {
+		return nil, usagef("--max-attempts must be at least 1")
+	}
+	if f.batchSize < 1 || f.batchSize > 1_000_000 {
+		return nil, usagef("--batch-size must be between 1 and 1000000")
+	}
+	payload, err := checkPayload(f.payload)
+	if err != nil {
+		return nil, err
+	}
+	opts := &queue.EnqueueOpts{Queue: f.queue, Priority: int32(f.priority), Payload: payload}
+	if fs.given("max-attempts") {
+		opts.MaxAttempts = int32(f.maxAttempts)
+	}
+	return opts, nil
+}
+
+// checkPayload accepts a JSON object of at most 1 MiB.
 func checkPayload(s string) (json.RawMessage, error) {
 	var obj map[string]json.RawMessage
 	dec := json.NewDecoder(strings.NewReader(s))
@@ -193,31 +160,27 @@ func checkPayload(s string) (json.RawMessage, error) {
 	if dec.More() {
 		return nil, usagef("--payload must be one JSON object: %s has more after it", clip(s, 60))
 	}
-	if strings.Contains(s, `\u0000`) {
-		return nil, usagef(`--payload: PostgreSQL's jsonb cannot hold \u0000`)
+	if err := queue.CheckPayload(json.RawMessage(s)); err != nil {
+		return nil, usagef("--payload: %v", err)
 	}
 	return json.RawMessage(s), nil
 }
 
-// checkSource says what makes a source unloadable.
-func checkSource(s string) error {
-	switch {
-	case s == "":
-		return errors.New("empty source")
-	case len(s) > MaxSourceBytes:
-		return fmt.Errorf("source of %d bytes is longer than %d bytes", len(s), MaxSourceBytes)
+// checkSourceArgs checks the sources given as arguments.
+func checkSourceArgs(sources []string, from string) error {
+	if from != "" && len(sources) > 0 {
+		return usagef("give sources as arguments, on standard input or with --from, not several of these")
 	}
-	if i := strings.IndexByte(s, 0); i >= 0 {
-		return fmt.Errorf("NUL byte at byte %d", i+1)
-	}
-	if !utf8.ValidString(s) {
-		for i, r := range s {
-			if r == utf8.RuneError {
-				if _, size := utf8.DecodeRuneInString(s[i:]); size == 1 {
-					return fmt.Errorf("invalid UTF-8 at byte %d", i+1)
-				}
-			}
+	stdinArgs := 0
+	for i, s := range sources {
+		if s == "-" {
+			stdinArgs++
+		} else if err := queue.CheckSource(s); err != nil {
+			return usagef("argument %d: %v", i+1, err)
 		}
+	}
+	if stdinArgs > 1 {
+		return usagef("- (standard input) may be given once")
 	}
 	return nil
 }
@@ -230,13 +193,13 @@ type position struct {
 
 func (p position) String() string { return fmt.Sprintf("%s %d", p.kind, p.n) }
 
-// loader COPYs sources into files.files in batches, one transaction each.
+// loader enqueues sources in batches, one transaction each, and keeps
+// track of where they came from.
 type loader struct {
-	pool      *pgxpool.Pool
+	q         *queue.Client
+	opts      *queue.EnqueueOpts
 	logger    *slog.Logger
 	size      int
-	cols      []string
-	fixed     []any // queue, priority, payload[, max_attempts]
 	batch     []string
 	first     position // of the batch being filled
 	last      position // of the last source added
@@ -244,25 +207,39 @@ type loader struct {
 	lastDone  position // last source of the last committed batch
 }
 
-func newLoader(pool *pgxpool.Pool, logger *slog.Logger, size int, queue string, priority int32, payload json.RawMessage) *loader {
-	return &loader{
-		pool:   pool,
-		logger: logger,
-		size:   size,
-		cols:   []string{"queue", "priority", "payload", "source"},
-		fixed:  []any{queue, priority, payload},
-		batch:  make([]string, 0, size),
+// load adds the sources that lister lists, or the arguments (- for
+// standard input), or standard input when there is neither.
+func (l *loader) load(ctx context.Context, e *env, lister Lister, args []string) error {
+	var err error
+	switch {
+	case lister != nil:
+		n := 0
+		err = lister.List(ctx, func(src string) error {
+			n++
+			return l.add(ctx, src, position{kind: "object", n: n})
+		})
+	case len(args) == 0:
+		err = l.readLines(ctx, e, "stdin line")
+	default:
+		for i, s := range args {
+			if s == "-" {
+				err = l.readLines(ctx, e, "stdin line")
+			} else {
+				err = l.add(ctx, s, position{kind: "argument", n: i + 1})
+			}
+			if err != nil {
+				break
+			}
+		}
 	}
-}
-
-// withMaxAttempts sets max_attempts instead of leaving the column default.
-func (l *loader) withMaxAttempts(n int32) {
-	l.cols = append(l.cols, "max_attempts")
-	l.fixed = append(l.fixed, n)
+	if err != nil {
+		return err
+	}
+	return l.flush(ctx)
 }
 
 func (l *loader) add(ctx context.Context, src string, pos position) error {
-	if err := checkSource(src); err != nil {
+	if err := queue.CheckSource(src); err != nil {
 		return &sourceError{pos: pos, err: err}
 	}
 	if len(l.batch) == 0 {
@@ -285,7 +262,7 @@ func (l *loader) readLines(ctx context.Context, e *env, kind string) error {
 	for n := 1; ; n++ {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
-			return &sourceError{pos: position{kind, n}, err: fmt.Errorf("line longer than %d bytes", MaxSourceBytes)}
+			return &sourceError{pos: position{kind, n}, err: fmt.Errorf("line longer than %d bytes", queue.MaxSourceBytes)}
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
 			return fmt.Errorf("read standard input: %w", err)
@@ -307,17 +284,9 @@ func (l *loader) flush(ctx context.Context) error {
 	if len(l.batch) == 0 {
 		return nil
 	}
-	tx, err := l.pool.Begin(ctx)
+	n, err := l.q.EnqueueMany(ctx, l.batch, l.opts)
 	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit: a no-op
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{"files", "files"}, l.cols, &batchSource{l: l, i: -1})
-	if err != nil {
-		return fmt.Errorf("COPY into files.files: %w", explain(err))
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", explain(err))
+		return explain(err)
 	}
 	l.committed += n
 	l.lastDone = l.last
@@ -325,33 +294,6 @@ func (l *loader) flush(ctx context.Context) error {
 	l.batch = l.batch[:0]
 	return nil
 }
-
-// batchSource feeds the batch to CopyFrom. pgx encodes each row before
-// asking for the next, so one values slice serves every row.
-type batchSource struct {
-	l      *loader
-	i      int
-	values []any
-}
-
-func (b *batchSource) Next() bool {
-	b.i++
-	return b.i < len(b.l.batch)
-}
-
-func (b *batchSource) Values() ([]any, error) {
-	if b.values == nil {
-		b.values = make([]any, len(b.l.cols))
-		copy(b.values, b.l.fixed[:3])
-		if len(b.l.fixed) > 3 {
-			b.values[4] = b.l.fixed[3]
-		}
-	}
-	b.values[3] = b.l.batch[b.i]
-	return b.values, nil
-}
-
-func (b *batchSource) Err() error { return nil }
 
 // sourceError is a source that cannot be loaded.
 type sourceError struct {
@@ -381,23 +323,4 @@ func (l *loader) stopped(err error) error {
 		what += fmt.Sprintf(" (to go on, feed line %d on: tail -n +%d FILE | pgworker enqueue ...)", se.pos.n, se.pos.n)
 	}
 	return fmt.Errorf("%w; %s", err, what)
-}
-
-func plural(n int64, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
-}
-
-// clip shortens s for a message.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return fmt.Sprintf("%q", s)
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%q...", s[:cut])
 }

@@ -122,8 +122,8 @@ func TestRunConfig(t *testing.T) {
 		got.DatabaseURL != url || got.ListenURL != "" || got.HardStop == nil || got.Logger == nil {
 		t.Errorf("RunConfig: %+v", got)
 	}
-	if got.Backend.Program() != "/bin/echo" || got.Backend.Template().String() != "/bin/echo {input} '{output_dir}/x y'" {
-		t.Errorf("backend: %q %q", got.Backend.Program(), got.Backend.Template())
+	if got.Backend.Program() != "/bin/echo" || got.Exec != "/bin/echo {input} '{output_dir}/x y'" {
+		t.Errorf("backend: %q, exec %q", got.Backend.Program(), got.Exec)
 	}
 	if fi, err := os.Stat(workDir); err != nil || !fi.IsDir() {
 		t.Errorf("work dir not created: %v", err)
@@ -224,20 +224,6 @@ func TestParseSlots(t *testing.T) {
 	}
 }
 
-func TestCheckSource(t *testing.T) {
-	t.Parallel()
-	for _, tt := range []struct{ in, err string }{
-		{"photos/a b.jpg", ""}, {"ünïcödé/✓", ""}, {"s3://bucket/key", ""},
-		{"", "empty"}, {"a\x00b", "NUL byte at byte 2"}, {"ab\xffc", "invalid UTF-8 at byte 3"},
-		{strings.Repeat("x", MaxSourceBytes), ""}, {strings.Repeat("x", MaxSourceBytes+1), "longer than"},
-	} {
-		err := checkSource(tt.in)
-		if (tt.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.err) {
-			t.Errorf("checkSource(%.20q) = %v, want %q", tt.in, err, tt.err)
-		}
-	}
-}
-
 func TestSecondsText(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -252,5 +238,24 @@ func TestSecondsText(t *testing.T) {
 	}
 	if secondsText(nil) != "-" {
 		t.Error("nil")
+	}
+}
+
+// A payload over 1 MiB is refused before the database is tried. It cannot
+// pass through argv (the kernel bounds one argument to 128 KiB), so the
+// command runs in this process.
+func TestEnqueuePayloadBound(t *testing.T) {
+	t.Parallel()
+	env := func(name string) (string, bool) {
+		if name == "PGWORKER_DATABASE_URL" {
+			return "postgres://app@127.0.0.1:1/queue?sslmode=disable", true // nobody listens
+		}
+		return "", false
+	}
+	payload := `{"blob": "` + strings.Repeat("x", 1<<20) + `"}`
+	var stdout, stderr bytes.Buffer
+	code := New(&Config{LookupEnv: env}).Main(context.Background(), []string{"enqueue", "--payload", payload, "src"}, nil, &stdout, &stderr)
+	if code != ExitUsage || !strings.Contains(stderr.String(), "--payload: payload of 1048587 bytes is over the bound of 1048576 bytes") {
+		t.Errorf("exit %d, stderr %.300s", code, stderr.String())
 	}
 }

@@ -31,7 +31,7 @@ session so that nodes migrating at once apply each migration once.
           --to 0 removes the schema and everything in it)
   status  list the migrations and when each was applied`,
 	examples: `
-pgworker migrate up --database-url postgres://admin:secret@db-primary:5432/queue
+pgworker migrate up --database-url postgres://admin@db-primary:5432/queue   # password in ~/.pgpass
 pgworker migrate status
 pgworker migrate down
 pgworker migrate down --to 0`,
@@ -63,124 +63,134 @@ func (c *CLI) migrate(ctx context.Context, e *env, args []string) error {
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
-		fs := newFlagSet(migrateCommand)
-		var (
-			db   dbFlags
-			logs logFlags
-		)
-		db.add(fs)
-		logs.add(fs)
-		fs.printHelp(e.stdout)
+		e.invocation(migrateCommand).fs.printHelp(e.stdout)
 		return nil
 	}
 	sub, ok := migrateSubcommands[args[0]]
 	if !ok {
 		return usagef("unknown migrate command %q: say up, down or status", args[0])
 	}
-	fs := newFlagSet(sub)
-	var (
-		db   dbFlags
-		logs logFlags
-		to   int64 = -1
-	)
-	db.add(fs)
-	logs.add(fs)
+	inv := e.invocation(sub)
+	var to int64 = -1
 	if args[0] != "status" {
-		fs.Int64Var(&to, "to", -1, "target `version`: up applies up to it, down rolls back everything above it")
+		inv.fs.Int64Var(&to, "to", -1, "target `version`: up applies up to it, down rolls back everything above it")
 	}
-	if help, err := e.parseFlags(fs, args[1:]); help || err != nil {
+	if help, err := inv.parse(args[1:]); help || err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q (see 'pgworker %s --help')", fs.Arg(0), sub.name)
-	}
-	if err := logs.validate(); err != nil {
+	if err := inv.noArgs(); err != nil {
 		return err
 	}
-	if err := db.resolve(fs, e.lookup); err != nil {
+	if err := inv.resolve(); err != nil {
 		return err
 	}
-	if fs.given("to") && (to < 0 || args[0] == "up" && to < 1) {
+	if inv.fs.given("to") && (to < 0 || args[0] == "up" && to < 1) {
 		return usagef("--to %d: give a version number (migrate status lists them)", to)
 	}
-	logger := logs.logger(e.stderr, e.lookup)
-
-	cfg, err := db.poolConfig()
+	p, done, err := openMigrations(ctx, inv)
 	if err != nil {
 		return err
 	}
+	defer done()
+	switch args[0] {
+	case "up":
+		return migrateUp(ctx, e, p, to)
+	case "down":
+		return migrateDown(ctx, e, p, to)
+	}
+	return migrateStatus(ctx, e, p)
+}
+
+// openMigrations connects through database/sql, as goose needs, and
+// returns the migrations built into pgworker, applied under a session
+// lock; done closes the connection.
+func openMigrations(ctx context.Context, inv *invocation) (p *goose.Provider, done func(), err error) {
+	cfg, err := inv.db.poolConfig()
+	if err != nil {
+		return nil, nil, err
+	}
 	sqlDB := stdlib.OpenDB(*cfg.ConnConfig)
-	defer sqlDB.Close()
 	pctx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+5*time.Second)
 	err = sqlDB.PingContext(pctx)
 	cancel()
 	if err != nil {
-		return db.connectError(ctx, err, cfg.ConnConfig.ConnectTimeout)
+		sqlDB.Close()
+		return nil, nil, inv.db.connectError(ctx, err, cfg.ConnConfig.ConnectTimeout)
 	}
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
-		return fmt.Errorf("migration lock: %w", err)
+		sqlDB.Close()
+		return nil, nil, fmt.Errorf("migration lock: %w", err)
 	}
-	p, err := migrations.NewProvider(sqlDB, goose.WithSessionLocker(locker),
+	logger := inv.logger()
+	p, err = migrations.NewProvider(sqlDB, goose.WithSessionLocker(locker),
 		goose.WithSlog(logger), goose.WithVerbose(logger.Enabled(ctx, slog.LevelDebug)))
 	if err != nil {
-		return err
+		sqlDB.Close()
+		return nil, nil, err
 	}
+	return p, func() { sqlDB.Close() }, nil
+}
 
-	switch args[0] {
-	case "up":
-		var res []*goose.MigrationResult
-		if to > 0 {
-			res, err = p.UpTo(ctx, to)
-		} else {
-			res, err = p.Up(ctx)
-		}
-		printResults(e, "applied", res, err)
-		if err != nil {
-			return fmt.Errorf("migrate up: %w", err)
-		}
-		if len(res) == 0 {
-			v, _ := p.GetDBVersion(ctx)
-			fmt.Fprintf(e.stdout, "already up to date (version %d)\n", v)
-		}
-	case "down":
-		var res []*goose.MigrationResult
-		if to >= 0 {
-			res, err = p.DownTo(ctx, to)
-		} else {
-			var r *goose.MigrationResult
-			r, err = p.Down(ctx)
-			if r != nil {
-				res = append(res, r)
-			}
-			if errors.Is(err, goose.ErrNoNextVersion) {
-				err = nil
-			}
-		}
-		printResults(e, "rolled back", res, err)
-		if err != nil {
-			return fmt.Errorf("migrate down: %w", err)
-		}
-		if len(res) == 0 {
-			fmt.Fprintln(e.stdout, "nothing to roll back")
-		}
-	case "status":
-		st, err := p.Status(ctx)
-		if err != nil {
-			return fmt.Errorf("migrate status: %w", err)
-		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "VERSION\tMIGRATION\tSTATE\tAPPLIED AT")
-		for _, s := range st {
-			applied := "-"
-			if s.State == goose.StateApplied {
-				applied = s.AppliedAt.Local().Format(time.DateTime)
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Source.Version, path.Base(s.Source.Path), s.State, applied)
-		}
-		return tw.Flush()
+func migrateUp(ctx context.Context, e *env, p *goose.Provider, to int64) error {
+	var res []*goose.MigrationResult
+	var err error
+	if to > 0 {
+		res, err = p.UpTo(ctx, to)
+	} else {
+		res, err = p.Up(ctx)
+	}
+	printResults(e, "applied", res, err)
+	if err != nil {
+		return fmt.Errorf("migrate up: %w", err)
+	}
+	if len(res) == 0 {
+		v, _ := p.GetDBVersion(ctx)
+		fmt.Fprintf(e.stdout, "already up to date (version %d)\n", v)
 	}
 	return nil
+}
+
+func migrateDown(ctx context.Context, e *env, p *goose.Provider, to int64) error {
+	var res []*goose.MigrationResult
+	var err error
+	if to >= 0 {
+		res, err = p.DownTo(ctx, to)
+	} else {
+		var r *goose.MigrationResult
+		r, err = p.Down(ctx)
+		if r != nil {
+			res = append(res, r)
+		}
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			err = nil
+		}
+	}
+	printResults(e, "rolled back", res, err)
+	if err != nil {
+		return fmt.Errorf("migrate down: %w", err)
+	}
+	if len(res) == 0 {
+		fmt.Fprintln(e.stdout, "nothing to roll back")
+	}
+	return nil
+}
+
+func migrateStatus(ctx context.Context, e *env, p *goose.Provider) error {
+	st, err := p.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate status: %w", err)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VERSION\tMIGRATION\tSTATE\tAPPLIED AT")
+	for _, s := range st {
+		applied := "-"
+		if s.State == goose.StateApplied {
+			applied = s.AppliedAt.Local().Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Source.Version, path.Base(s.Source.Path), s.State, applied)
+	}
+	return tw.Flush()
 }
 
 // printResults prints the migrations that ran, including those applied

@@ -86,3 +86,19 @@ func scrub(msg string, conns ...string) string {
 	}
 	return msg
 }
+
+// hasPassword reports whether a connection string holds a password.
+func hasPassword(conn string) bool {
+	for _, m := range kvPassword.FindAllStringSubmatch(conn, -1) {
+		if strings.Trim(m[2], "'") != "" {
+			return true
+		}
+	}
+	if _, rest, ok := strings.Cut(conn, "://"); ok {
+		if at := userInfoEnd(rest); at >= 0 {
+			_, p, has := strings.Cut(rest[:at], ":")
+			return has && p != ""
+		}
+	}
+	return false
+}

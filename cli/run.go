@@ -108,17 +108,14 @@ type RunConfig struct {
 }
 
 func (c *CLI) run(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(runCommand)
+	inv := e.invocation(runCommand)
+	fs := inv.fs
 	var (
-		db                                                   dbFlags
-		logs                                                 logFlags
 		execCmd, slots, metricsAddr, workDir, listenURL      string
 		inputStore, outputStore                              string
 		queues, passEnv                                      listFlag
 		timeout, heartbeat, leaseTimeout, drainTimeout, kill time.Duration
 	)
-	db.add(fs)
-	logs.add(fs)
 	fs.StringVar(&execCmd, "exec", "", "the `COMMAND` to run for each row, with placeholders (see above)")
 	fs.env("exec", "PGWORKER_EXEC")
 	fs.StringVar(&slots, "slots", "1", "rows worked on at once: `N` or MIN-MAX")
@@ -147,14 +144,11 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	fs.env("output-store", "PGWORKER_OUTPUT_STORE")
 	fs.Var(&passEnv, "pass-env", "hand the environment variable `NAME` to the program although it is withheld by default (repeatable); the twin takes a comma-separated list")
 	fs.env("pass-env", "PGWORKER_PASS_ENV")
-	if help, err := e.parseFlags(fs, args); help || err != nil {
+	if help, err := inv.parse(args); help || err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q: the command goes in --exec, quoted (see 'pgworker run --help')", fs.Arg(0))
-	}
-	if err := logs.validate(); err != nil {
-		return err
 	}
 
 	cfg := &RunConfig{
@@ -165,16 +159,16 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	if err := cfg.check(slots); err != nil {
 		return err
 	}
-	if err := db.resolve(fs, e.lookup); err != nil {
+	if err := inv.resolve(); err != nil {
 		return err
 	}
-	cfg.DatabaseURL = db.url
+	cfg.DatabaseURL = inv.db.url
 	if listenURL != "" {
 		if _, err := pgx.ParseConfig(listenURL); err != nil {
 			return usagef("--listen-url %s is not a valid database URL", RedactURL(listenURL))
 		}
 	}
-	cfg.Logger = logs.logger(e.stderr, e.lookup)
+	cfg.Logger = inv.logger()
 	if leaseTimeout < 2*heartbeat {
 		cfg.Logger.Warn("the lease timeout is shorter than two heartbeats: one late heartbeat loses the slot's row",
 			"heartbeat", heartbeat, "lease_timeout", leaseTimeout)
@@ -195,7 +189,7 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("--work-dir: %w", err)
 	}
 
-	cfg.Pool, err = db.connect(ctx, int32(cfg.SlotsMax+4))
+	cfg.Pool, err = inv.connect(ctx, int32(cfg.SlotsMax+4))
 	if err != nil {
 		return err
 	}
@@ -224,8 +218,8 @@ func (cfg *RunConfig) check(slots string) error {
 		return err
 	}
 	for _, q := range cfg.Queues {
-		if q == "" || len(q) > 128 {
-			return usagef("--queue %q: a queue name has 1 to 128 characters", q)
+		if err := checkQueueFlag(q, "leave --queue out to serve every queue"); err != nil {
+			return err
 		}
 	}
 	switch {
@@ -243,7 +237,7 @@ func (cfg *RunConfig) check(slots string) error {
 	}
 	if cfg.MetricsAddr != "" {
 		if _, port, err := net.SplitHostPort(cfg.MetricsAddr); err != nil || port == "" {
-			return usagef("--metrics-addr %q: give host:port, e.g. :9090 or 127.0.0.1:9090", cfg.MetricsAddr)
+			return usagef("--metrics-addr %q: give host:port, e.g. 127.0.0.1:9090", cfg.MetricsAddr)
 		}
 	}
 	for _, s := range []struct{ flag, url string }{{"--input-store", cfg.InputStore}, {"--output-store", cfg.OutputStore}} {

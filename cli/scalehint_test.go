@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgworker/pgworker/cli"
+	"github.com/pgworker/pgworker/queue"
 )
 
 // pgworker scale-hint prints files.scaling_hint: the table and the JSON agree
@@ -38,7 +38,7 @@ func TestScaleHint(t *testing.T) {
 	}
 
 	// 200 s in 10 s: 20 slots, 5 nodes of 4, capped at 3.
-	var h cli.ScaleHint
+	var h queue.ScaleHint
 	out = ok(t, url, "", "scale-hint", "--json", "--target-drain", "10s", "--max", "3")
 	if err := json.Unmarshal([]byte(out), &h); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -63,7 +63,7 @@ func TestScaleHint(t *testing.T) {
 	// The settings table is what everyone sees; --min lifts the answer.
 	exec(t, pool, "UPDATE files.scaling_settings SET target_drain = '20 seconds', max_nodes = 10")
 	out = ok(t, url, "", "scale-hint", "--json")
-	h = cli.ScaleHint{}
+	h = queue.ScaleHint{}
 	if err := json.Unmarshal([]byte(out), &h); err != nil || h.TargetDrainSeconds != 20 || h.MaxNodes != 10 || h.Fleet.DesiredNodes != 3 {
 		t.Errorf("with the settings: %v %+v", err, h)
 	}
@@ -86,7 +86,7 @@ func TestScaleHint(t *testing.T) {
 func TestScaleHintEmpty(t *testing.T) {
 	t.Parallel()
 	url, _ := newDB(t)
-	var h cli.ScaleHint
+	var h queue.ScaleHint
 	out := ok(t, url, "", "scale-hint", "--json")
 	if err := json.Unmarshal([]byte(out), &h); err != nil {
 		t.Fatal(err)

@@ -42,12 +42,12 @@ var versionCommand = &command{
 }
 
 func (c *CLI) version(_ context.Context, e *env, args []string) error {
-	fs := newFlagSet(versionCommand)
-	if help, err := e.parseFlags(fs, args); help || err != nil {
+	inv := &invocation{env: e, fs: newFlagSet(versionCommand)} // no common flags
+	if help, err := inv.parseFlags(inv.fs, args); help || err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q", fs.Arg(0))
+	if err := inv.noArgs(); err != nil {
+		return err
 	}
 	fmt.Fprintf(e.stdout, "pgworker %s (%s, %s/%s)\n", version(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return nil

@@ -17,31 +17,16 @@ import (
 // cfg.DrainTimeout: running backends may finish, what is still held then is
 // released without spending an attempt. cfg.HardStop skips the wait.
 func runWorkers(ctx context.Context, cfg *RunConfig) error {
-	if cfg.OutputStore == "" {
-		return usagef("run: missing output store (set --output-store or PGWORKER_OUTPUT_STORE to s3://bucket/prefix or file:///dir)")
-	}
-	opts, err := blob.OptionsFromEnv()
+	input, output, err := openStores(ctx, cfg)
 	if err != nil {
-		return usagef("run: %v", err)
+		return err
 	}
-	opts.Logger = cfg.Logger
-	// A worker rides out an object store's restart or failover in place: the
-	// slot keeps its row (heartbeats go on) while each request retries for
-	// 40 to 75 seconds, rather than the few seconds a one-off command wants.
-	// Past that, the row goes back to the queue without spending an attempt.
-	opts.Retry = workerRetry
-	var input blob.Store
-	if cfg.InputStore != "" {
-		if input, err = blob.Open(ctx, cfg.InputStore, &opts); err != nil {
-			return fmt.Errorf("run: input store: %w", err)
+	defer func() {
+		if input != nil {
+			input.Close()
 		}
-		defer input.Close()
-	}
-	output, err := blob.Open(ctx, cfg.OutputStore, &opts)
-	if err != nil {
-		return fmt.Errorf("run: output store: %w", err)
-	}
-	defer output.Close()
+		output.Close()
+	}()
 
 	handler, err := pipeline.New(&pipeline.Config{
 		Resolver: blob.NewResolver(input),
@@ -94,7 +79,43 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		return fmt.Errorf("run: %w", err)
 	}
 	<-ctx.Done()
+	return drain(w, cfg)
+}
 
+// openStores opens the input store (nil when there is none) and the output
+// store of pgworker run.
+func openStores(ctx context.Context, cfg *RunConfig) (input, output blob.Store, err error) {
+	if cfg.OutputStore == "" {
+		return nil, nil, usagef("run: missing output store (set --output-store or PGWORKER_OUTPUT_STORE to s3://bucket/prefix or file:///dir)")
+	}
+	opts, err := blob.OptionsFromEnv()
+	if err != nil {
+		return nil, nil, usagef("run: %v", err)
+	}
+	opts.Logger = cfg.Logger
+	// A worker rides out an object store's restart or failover in place: the
+	// slot keeps its row (heartbeats go on) while each request retries for
+	// 40 to 75 seconds, rather than the few seconds a one-off command wants.
+	// Past that, the row goes back to the queue without spending an attempt.
+	opts.Retry = workerRetry
+	if cfg.InputStore != "" {
+		if input, err = blob.Open(ctx, cfg.InputStore, &opts); err != nil {
+			return nil, nil, fmt.Errorf("run: input store: %w", err)
+		}
+	}
+	if output, err = blob.Open(ctx, cfg.OutputStore, &opts); err != nil {
+		if input != nil {
+			input.Close()
+		}
+		return nil, nil, fmt.Errorf("run: output store: %w", err)
+	}
+	return input, output, nil
+}
+
+// drain stops the worker within cfg.DrainTimeout, or at once on
+// cfg.HardStop: running rows may finish, what is still held then is
+// released without spending an attempt.
+func drain(w *worker.Worker, cfg *RunConfig) error {
 	cfg.Logger.Info("draining: no more claims; running rows may finish", "drain_timeout", cfg.DrainTimeout)
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
@@ -106,7 +127,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		case <-drainCtx.Done():
 		}
 	}()
-	err = w.Stop(drainCtx)
+	err := w.Stop(drainCtx)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		// The drain ran out: the worker released what was still running.
 		cfg.Logger.Info("stopped; unfinished rows were released")
