@@ -54,8 +54,20 @@ var (
 // rest when the worker stops.
 //
 // The process must start no child processes other than through Runner once
-// it is a subreaper: the reaper waits for the children that are not running
-// programs, and their exit status would be lost to anyone else waiting.
+// it is a subreaper: a sweep waits for the exited children that are not
+// running programs (orphans that died by themselves), and their exit status
+// would be lost to anyone else waiting. pgworker calls it in main.
+//
+// What is guaranteed, and where:
+//   - always: when a run ends (exit, timeout, cancellation, worker stop),
+//     every process left in its process group is killed;
+//   - in a subreaper: so is every process it left in another session or
+//     group that still carries its PGWORKER_RUN_ID, and its descendants;
+//   - not guaranteed: a process that cleared its environment and left the
+//     group (it is not attributed to a run), and anything left running when
+//     the worker itself is killed with SIGKILL (the program gets SIGKILL
+//     through its parent-death signal; its leftovers do not). A cgroup per
+//     worker (systemd's KillMode=control-group) covers both.
 func BecomeSubreaper() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_CHILD_SUBREAPER, 1): %w", err)
@@ -64,11 +76,10 @@ func BecomeSubreaper() error {
 	return nil
 }
 
-// KillOrphans kills and waits for every child of this process that is not a
-// running program: what programs left behind and that could not be told
-// apart by their run (they cleared their environment). It returns how many
-// processes it killed. The worker calls it when it stops; it does nothing
-// unless BecomeSubreaper was called.
+// KillOrphans kills and waits for every child of this process that a run
+// left behind (it carries a PGWORKER_RUN_ID) and that is still alive: the
+// worker calls it when it stops, after its last run. It returns how many
+// processes it killed, and does nothing unless BecomeSubreaper was called.
 func KillOrphans(log *slog.Logger) int {
 	if !subreaper.Load() {
 		return 0
@@ -76,7 +87,8 @@ func KillOrphans(log *slog.Logger) int {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return sweep(log, func(orphan) bool { return true })
+	needle := []byte(runIDVar + "=")
+	return sweep(log, func(o orphan) bool { return hasEnvName(o.pid, needle) })
 }
 
 // orphan is a child of this process that is not a running program.
@@ -193,6 +205,16 @@ func hasEnv(pid int, needle []byte) bool {
 	}
 	b = append(b, 0) // the last variable may lack its NUL
 	return bytes.HasPrefix(b, needle) || bytes.Contains(b, append([]byte{0}, needle...))
+}
+
+// hasEnvName reports whether the environment of pid sets the variable
+// prefix ("NAME=").
+func hasEnvName(pid int, prefix []byte) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	return bytes.HasPrefix(b, prefix) || bytes.Contains(b, append([]byte{0}, prefix...))
 }
 
 // reap waits for the child pid; it never waits for any other.

@@ -122,8 +122,8 @@ func TestRunConfig(t *testing.T) {
 		got.DatabaseURL != url || got.ListenURL != "" || got.HardStop == nil || got.Logger == nil {
 		t.Errorf("RunConfig: %+v", got)
 	}
-	if got.Backend.Program() != "/bin/echo" || got.Backend.Template().String() != "/bin/echo {input} '{output_dir}/x y'" {
-		t.Errorf("backend: %q %q", got.Backend.Program(), got.Backend.Template())
+	if got.Backend.Program() != "/bin/echo" || got.Exec != "/bin/echo {input} '{output_dir}/x y'" {
+		t.Errorf("backend: %q %q", got.Backend.Program(), got.Exec)
 	}
 	if fi, err := os.Stat(workDir); err != nil || !fi.IsDir() {
 		t.Errorf("work dir not created: %v", err)

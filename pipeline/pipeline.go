@@ -172,6 +172,8 @@ func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, 
 	}
 	if err != nil {
 		switch {
+		case errors.Is(err, backend.ErrArgTooLong):
+			return result, worker.Permanent(err)
 		case backend.Permanent(err) && h.cfg.Runner.Program() != "":
 			// The program was found at startup and is gone now (an NFS
 			// mount dropped, a deploy in progress): the node's trouble, not
