@@ -322,8 +322,8 @@ cat "$PGWORKER_INPUT" "$PGWORKER_PAYLOAD_FILE" > "$PGWORKER_OUTPUT_DIR/copy"`
 func TestRunAsRefused(t *testing.T) {
 	t.Parallel()
 	for _, spec := range []string{"root", "0", "no-such-user-here", "nobody:no-such-group", ":1", "123456"} {
-		if _, err := New(&Config{Command: "/bin/true", RunAs: spec}); err == nil {
-			t.Errorf("RunAs %q accepted", spec)
+		if _, err := New(&Config{Command: "/bin/true", RunAs: spec}); !errors.Is(err, ErrRunAs) {
+			t.Errorf("RunAs %q: error %v, want ErrRunAs", spec, err)
 		}
 	}
 }

@@ -13,13 +13,17 @@ import (
 	"syscall"
 )
 
+// ErrRunAs means Config.RunAs names no usable user: unknown, root, or
+// another user while the worker does not run as root.
+var ErrRunAs = errors.New("cannot run the program as that user")
+
 // lookupUser turns a user name or numeric uid (optionally :GROUP, a group
 // name or gid) into the credential the program runs with: the user's uid,
 // primary group (or GROUP) and supplementary groups.
 func lookupUser(spec string) (*syscall.Credential, error) {
 	name, group, hasGroup := strings.Cut(spec, ":")
 	if name == "" {
-		return nil, fmt.Errorf("run as %q: give a user name or uid, optionally with :group", spec)
+		return nil, fmt.Errorf("%w: %q: give a user name or uid, optionally with :group", ErrRunAs, spec)
 	}
 	cred := &syscall.Credential{}
 	u, err := user.Lookup(name)
@@ -42,7 +46,7 @@ func lookupUser(spec string) (*syscall.Credential, error) {
 		uid, _ := strconv.ParseUint(name, 10, 32)
 		cred.Uid = uint32(uid)
 	default:
-		return nil, fmt.Errorf("run as %q: no such user (give a user name, or UID:GID for a user without a passwd entry)", spec)
+		return nil, fmt.Errorf("%w: %q: no such user (give a user name, or UID:GID for a user without a passwd entry)", ErrRunAs, spec)
 	}
 	if cred.Groups == nil {
 		cred.Groups = []uint32{} // drop the worker's supplementary groups
@@ -60,14 +64,14 @@ func lookupUser(spec string) (*syscall.Credential, error) {
 			gid, _ := strconv.ParseUint(group, 10, 32)
 			cred.Gid = uint32(gid)
 		default:
-			return nil, fmt.Errorf("run as %q: no such group %q", spec, group)
+			return nil, fmt.Errorf("%w: %q: no such group %q", ErrRunAs, spec, group)
 		}
 	}
 	if cred.Uid == 0 {
-		return nil, fmt.Errorf("run as %q: that is root; name an unprivileged user", spec)
+		return nil, fmt.Errorf("%w: %q: that is root; name an unprivileged user", ErrRunAs, spec)
 	}
 	if euid := os.Geteuid(); euid != 0 && uint32(euid) != cred.Uid {
-		return nil, fmt.Errorf("run as %q: the worker runs as uid %d and can start programs as another user only when it starts as root", spec, euid)
+		return nil, fmt.Errorf("%w: %q: the worker runs as uid %d and can start programs as another user only when it starts as root", ErrRunAs, spec, euid)
 	}
 	return cred, nil
 }

@@ -205,6 +205,8 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	switch {
 	case errors.As(err, &se), errors.Is(err, backend.ErrEmptyCommand):
 		return usagef("--exec %s: %v", clip(execCmd, 80), err)
+	case errors.Is(err, backend.ErrRunAs):
+		return usagef("--run-as: %v", err)
 	case err != nil:
 		return fmt.Errorf("--exec: %w", err)
 	}
