@@ -252,3 +252,69 @@ cat "$PGWORKER_INPUT" "$PGWORKER_PAYLOAD_FILE" > "$o/copy"
 		}
 	}
 }
+
+// TestProgramCannotReadWorker: the program runs as the worker's own user
+// (here an unprivileged one) and still cannot read the worker's environment,
+// which holds its credentials, or its memory through /proc; the worker's
+// command line, which every user can read, holds no secret.
+func TestProgramCannotReadWorker(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to start the worker as an unprivileged user")
+	}
+	const uid = 65534
+	s := newStack(t)
+	// The unprivileged worker must reach its binary, the scripts and the
+	// stores, and own its work directory and output store.
+	for _, d := range []string{filepath.Dir(pgworkerBin), filepath.Dir(s.dir)} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, out := s.fileStore("in"), s.fileStore("out")
+	work := filepath.Join(s.dir, "work-run-1")
+	if err := os.Mkdir(work, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{work, strings.TrimPrefix(out, "file://")} {
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.put(in, "a.txt", []byte("a"))
+	probe := s.script("probe", `o="$PGWORKER_OUTPUT_DIR"
+for f in environ cmdline; do cat /proc/$PPID/$f > "$o/$f" 2>/dev/null || echo denied > "$o/$f"; done
+if (exec 3</proc/$PPID/mem) 2>/dev/null; then echo opened > "$o/mem"; else echo denied > "$o/mem"; fi
+id -u > "$o/uid"
+`)
+	const secret = "canary-secret-key-0123456789"
+	s.env = append(s.env, "AWS_SECRET_ACCESS_KEY="+secret)
+	s.procAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
+	s.enqueue(nil, "a.txt")
+	s.start("--exec", probe, "--input-store", in, "--output-store", out)
+	s.waitSettled(2 * time.Minute)
+	r := s.row(1)
+	if r.State != "done" {
+		t.Fatalf("row 1: %s (%s)", r.State, r.lastError())
+	}
+	m, err := r.manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, err := s.checkOutputs(1, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := func(k string) string { return strings.TrimSpace(string(outs[k])) }
+	if text("uid") != strconv.Itoa(uid) {
+		t.Fatalf("the program ran as uid %s, want %d", text("uid"), uid)
+	}
+	if text("environ") != "denied" || text("mem") != "denied" {
+		t.Errorf("the program read the worker's environ (%.80q) or opened its mem (%s); want both denied", text("environ"), text("mem"))
+	}
+	for _, k := range []string{"environ", "cmdline"} {
+		if strings.Contains(string(outs[k]), secret) {
+			t.Errorf("the program read the worker's secret from /proc/PPID/%s", k)
+		}
+	}
+}
