@@ -346,3 +346,47 @@ func copyFile(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// TestRunKillsOnlyItsOwnLeftovers: with several runs at once, the end of
+// one kills what it left in other sessions, and nothing that another run,
+// still going, left there.
+func TestRunKillsOnlyItsOwnLeftovers(t *testing.T) {
+	t.Parallel()
+	out := newLines()
+	// The long run's leftover is an orphan, a child of this process, while
+	// the long run goes on.
+	long := newRunner(t, Config{Command: helperCommand(t, "orphan"), Logger: slog.New(out), KillGrace: 200 * time.Millisecond})
+	short := newRunner(t, Config{Command: helperCommand(t, "spawn", "escape")})
+	longJob, shortJob := newJob(t), newJob(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := long.Run(ctx, longJob); done <- err }()
+	if !out.waitLine("spawned") {
+		cancel()
+		<-done
+		t.Fatal("the long run never wrote spawned")
+	}
+	var longChild, shortChild int
+	readJSON(t, filepath.Join(longJob.WorkDir, "child.pid"), &longChild)
+	defer syscall.Kill(longChild, syscall.SIGKILL)
+
+	if _, err := short.Run(context.Background(), shortJob); err != nil {
+		t.Fatal(err)
+	}
+	readJSON(t, filepath.Join(shortJob.WorkDir, "child.pid"), &shortChild)
+	if st, ok := readStat(shortChild); ok && !st.zombie {
+		t.Errorf("the short run's leftover %d outlived it", shortChild)
+	}
+	if st, ok := readStat(longChild); !ok || st.zombie {
+		t.Errorf("the short run killed the long run's process %d", longChild)
+	}
+
+	cancel()
+	if err := <-done; err == nil {
+		t.Error("the long run was cancelled but reports success")
+	}
+	if st, ok := readStat(longChild); ok && !st.zombie {
+		t.Errorf("the long run's leftover %d outlived it", longChild)
+	}
+}

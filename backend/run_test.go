@@ -100,6 +100,17 @@ func helper(args []string) int {
 		fmt.Println("ready")
 		time.Sleep(time.Hour)
 		return 0
+	case "orphan": // runs "spawn escape" to its end, leaving an orphan in a session of its own, then hangs
+		self, _ := os.Executable()
+		c := exec.Command(self, "spawn", "escape")
+		c.Stdout, c.Stderr = os.Stderr, os.Stderr // files: Run does not wait for the orphan to close them
+		if err := c.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 104
+		}
+		fmt.Println("spawned")
+		time.Sleep(time.Hour)
+		return 0
 	case "spawn": // spawn MODE [ignore-term]: starts "hang" as a child, writes its pid to child.pid, then MODE
 		if len(args) > 2 && args[2] == "ignore-term" {
 			signal.Ignore(syscall.SIGTERM)
