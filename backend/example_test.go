@@ -47,6 +47,6 @@ func ExampleParse_errors() {
 	}
 	// Output:
 	// column 9: unterminated single quote: add the closing '
-	// column 9: unknown placeholder {inptu} (known: {input} {output_dir} {id} {source} {attempt} {queue} {work_dir}; write {{ and }} for literal braces)
-	// column 6: unknown placeholder {print $1} (known: {input} {output_dir} {id} {source} {attempt} {queue} {work_dir}; write {{ and }} for literal braces)
+	// column 9: unknown placeholder {inptu} (known: {input} {output_dir} {id} {source} {attempt} {queue} {work_dir} {payload_file}; write {{ and }} for literal braces)
+	// column 6: unknown placeholder {print $1} (known: {input} {output_dir} {id} {source} {attempt} {queue} {work_dir} {payload_file}; write {{ and }} for literal braces)
 }

@@ -1,18 +1,14 @@
 package backend
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -30,13 +26,17 @@ var (
 	// ErrTimeout means the program ran past Config.Timeout and its process
 	// group was killed.
 	ErrTimeout = errors.New("backend timed out")
+	// ErrArgTooLong means the kernel refused to start the program because
+	// an argument, or the arguments and environment together, exceed its
+	// limits (E2BIG). The same row would fail the same way: see Permanent.
+	ErrArgTooLong = errors.New("argument list too long")
 )
 
 // Permanent reports whether err means that running the same command again
-// cannot succeed (ErrNotFound, ErrNotExecutable), so the row should fail
-// without retries.
+// cannot succeed (ErrNotFound, ErrNotExecutable, ErrArgTooLong), so the row
+// should fail without retries.
 func Permanent(err error) bool {
-	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotExecutable)
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotExecutable) || errors.Is(err, ErrArgTooLong)
 }
 
 // ExitError reports a program that exited with a non-zero status or was
@@ -89,7 +89,15 @@ type Job struct {
 	// WorkDir becomes the program's working directory. Empty: the worker
 	// process's own working directory.
 	WorkDir string
+	// PayloadFile is the file that holds Payload. Run sets it in its own
+	// copy of the job: it writes PayloadFileName in WorkDir (a temporary
+	// file when WorkDir is empty), mode 0600.
+	PayloadFile string
 }
+
+// PayloadFileName is the name of the file in the work directory that holds
+// the row's payload ({payload_file}, PGWORKER_PAYLOAD_FILE).
+const PayloadFileName = "payload.json"
 
 // Result describes how a run ended.
 type Result struct {
@@ -143,6 +151,17 @@ type Config struct {
 	// StderrTailBytes is how much of the end of stderr Result.StderrTail
 	// keeps. Defaults to 64 KiB.
 	StderrTailBytes int
+	// LogLines and LogBytes are the log budget of one run: how many lines
+	// of output (stdout and stderr together), and how many bytes of them,
+	// are logged; past either bound one line says how many more were not.
+	// A negative value logs none. Default to 1000 lines and 1 MiB.
+	LogLines, LogBytes int
+	// RunAs is the user the program runs as: a user name or uid, optionally
+	// followed by :GROUP (a group name or gid; needed for a uid without a
+	// passwd entry). The worker must then run as root; Run hands the job's
+	// work directory tree to that user before starting the program. Empty:
+	// the worker's own user. Defaults to "".
+	RunAs string
 }
 
 // Runner runs the program for jobs. It is safe for concurrent use: slots
@@ -150,14 +169,10 @@ type Config struct {
 type Runner struct {
 	cfg     Config
 	tmpl    *Template
-	program string // resolved path of the program word, "" when it has placeholders
-	path    string // PATH of cfg.Env
+	program string              // resolved path of the program word, "" when it has placeholders
+	path    string              // PATH of cfg.Env
+	cred    *syscall.Credential // RunAs; nil for the worker's own user
 }
-
-// pipeGrace bounds the wait for the program's output pipes after its
-// process group is gone: only processes that left the group (setsid) can
-// still hold them open.
-const pipeGrace = 2 * time.Second
 
 // New parses the command and, unless the program word holds a placeholder,
 // finds the program (in PATH when it has no slash; a relative path is taken
@@ -183,21 +198,48 @@ func New(cfg *Config) (*Runner, error) {
 	if c.StderrTailBytes <= 0 {
 		c.StderrTailBytes = 64 << 10
 	}
+	if c.LogLines == 0 {
+		c.LogLines = 1000
+	}
+	if c.LogBytes == 0 {
+		c.LogBytes = 1 << 20
+	}
 	tmpl, err := Parse(c.Command)
 	if err != nil {
 		return nil, err
 	}
 	r := &Runner{cfg: c, tmpl: tmpl, path: lookupEnv(c.Env, "PATH")}
+	if c.RunAs != "" {
+		if r.cred, err = lookupUser(c.RunAs); err != nil {
+			return nil, err
+		}
+	}
 	if p := tmpl.Program(); p != "" {
 		if r.program, err = resolve(p, r.path); err != nil {
 			return nil, err
+		}
+		if r.cred != nil {
+			if err := checkAccess(r.program, 0o1, r.cred); err != nil {
+				return nil, fmt.Errorf("%w: %s cannot be run by user %s: %v", ErrNotExecutable, r.program, c.RunAs, err)
+			}
 		}
 	}
 	return r, nil
 }
 
-// Template returns the parsed command.
-func (r *Runner) Template() *Template { return r.tmpl }
+// CheckWorkDir reports whether the program's user (Config.RunAs) can reach
+// dir, the directory under which the jobs' work directories are made: it
+// must be able to search dir and every directory above it. It returns nil
+// without RunAs.
+func (r *Runner) CheckWorkDir(dir string) error {
+	if r.cred == nil {
+		return nil
+	}
+	if err := checkAccess(dir, 0o1, r.cred); err != nil {
+		return fmt.Errorf("user %s cannot reach the work directory %s: %w (let other users search it, chmod o+x, or choose another one)", r.cfg.RunAs, dir, err)
+	}
+	return nil
+}
 
 // Program returns the resolved path of the program, or "" when the program
 // word holds a placeholder.
@@ -278,183 +320,11 @@ func startError(path string, err error) error {
 		return fmt.Errorf("%w: %s: exec format error (not a binary for this machine, or a script without a #! line)", ErrNotExecutable, path)
 	case syscall.EISDIR:
 		return fmt.Errorf("%w: %s is a directory", ErrNotExecutable, path)
+	case syscall.E2BIG:
+		return fmt.Errorf("%w: start %s: an argument or the environment exceeds the kernel's limit (128 KiB per string): "+
+			"pass large values in files, for example the payload through {payload_file}", ErrArgTooLong, path)
 	}
 	return fmt.Errorf("start %s: %w", path, err)
-}
-
-// Run runs the program for job and waits for it to end. It returns a nil
-// error only when the program exited with status 0. Otherwise the error is
-// a *ExitError, wraps ErrTimeout or the context's cause, or wraps
-// ErrNotFound or ErrNotExecutable (then Result.Pid is 0).
-//
-// The program runs without a shell, in its own process group, with stdin
-// from /dev/null, in job.WorkDir. Its stdout and stderr go to the logger
-// line by line. When ctx ends or the timeout passes, the whole group gets
-// SIGTERM, then SIGKILL after Config.KillGrace; when the program exits,
-// whatever it left running in its group is killed. Processes that leave the
-// group (setsid, double fork into a new session) escape this.
-func (r *Runner) Run(ctx context.Context, job *Job) (*Result, error) {
-	argv := r.tmpl.Expand(job)
-	res := &Result{Argv: argv, ExitCode: -1}
-	path := r.program
-	if path == "" {
-		var err error
-		if path, err = resolve(argv[0], r.path); err != nil {
-			return res, err
-		}
-	}
-	if job.WorkDir != "" {
-		if fi, err := os.Stat(job.WorkDir); err != nil || !fi.IsDir() {
-			return res, fmt.Errorf("work directory %s is not a directory: %v", job.WorkDir, err)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return res, fmt.Errorf("backend not started: %w", context.Cause(ctx))
-	}
-
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return res, fmt.Errorf("stdout pipe: %w", err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return res, fmt.Errorf("stderr pipe: %w", err)
-	}
-	cmd := &exec.Cmd{
-		Path:   path,
-		Args:   argv,
-		Env:    environ(r.cfg.Env, r.cfg.PassEnv, job),
-		Dir:    job.WorkDir,
-		Stdout: outW,
-		Stderr: errW,
-		SysProcAttr: &syscall.SysProcAttr{
-			Setpgid: true,
-			// If the worker dies (kill -9), the program goes too. Its own
-			// children are orphaned then; the lease makes the row run again.
-			Pdeathsig: syscall.SIGKILL,
-		},
-	}
-	log := r.cfg.Logger.With(slog.Int64("id", job.ID), slog.Int("attempt", job.Attempt))
-	start := time.Now()
-	err = cmd.Start()
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		outR.Close()
-		errR.Close()
-		return res, startError(path, err)
-	}
-	res.Pid = cmd.Process.Pid
-	log.Debug("backend started", "pid", res.Pid, "argv", Join(argv))
-
-	tail := newTailBuffer(r.cfg.StderrTailBytes)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); r.stream(outR, "backend stdout", log, nil) }()
-	go func() { defer wg.Done(); r.stream(errR, "backend stderr", log, tail) }()
-
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-
-	var timeout <-chan time.Time
-	if r.cfg.Timeout > 0 {
-		t := time.NewTimer(r.cfg.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case <-exited:
-	case <-timeout:
-		res.TimedOut = true
-		log.Warn("backend timed out: stopping its process group", "pid", res.Pid, "timeout", r.cfg.Timeout)
-		r.terminate(cmd.Process, exited)
-	case <-ctx.Done():
-		res.Cancelled = true
-		log.Info("backend stopped: stopping its process group", "pid", res.Pid, "cause", context.Cause(ctx))
-		r.terminate(cmd.Process, exited)
-	}
-	res.Duration = time.Since(start)
-	// The program is gone; what it left running in its group goes too.
-	_ = syscall.Kill(-res.Pid, syscall.SIGKILL)
-
-	drained := make(chan struct{})
-	go func() { wg.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(pipeGrace):
-		log.Warn("backend left processes outside its process group that keep its output open; no longer reading it", "pid", res.Pid)
-		outR.Close()
-		errR.Close()
-		<-drained
-	}
-	outR.Close()
-	errR.Close()
-
-	res.StderrTail, res.StderrTruncated = tail.String()
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		res.Signal = ws.Signal()
-	} else {
-		res.ExitCode = cmd.ProcessState.ExitCode()
-	}
-	log.Debug("backend exited", "pid", res.Pid, "exit_code", res.ExitCode, "signal", res.Signal, "duration", res.Duration)
-
-	exitErr := &ExitError{Code: res.ExitCode, Signal: res.Signal, LastLine: lastLine(res.StderrTail)}
-	switch {
-	case res.TimedOut:
-		return res, fmt.Errorf("%w after %s (%v)", ErrTimeout, r.cfg.Timeout, exitErr)
-	case res.Cancelled:
-		return res, fmt.Errorf("backend stopped (%v): %w", exitErr, context.Cause(ctx))
-	case res.Signal != 0 || res.ExitCode != 0:
-		return res, exitErr
-	case waitErr != nil:
-		return res, fmt.Errorf("wait for backend: %w", waitErr)
-	}
-	return res, nil
-}
-
-// terminate sends SIGTERM to the process group, and SIGKILL when the
-// program has not exited after the grace period. The program itself is
-// signalled directly too, in case it moved to another process group.
-func (r *Runner) terminate(p *os.Process, exited <-chan struct{}) {
-	signal := func(sig syscall.Signal) {
-		_ = syscall.Kill(-p.Pid, sig)
-		_ = p.Signal(sig)
-	}
-	signal(syscall.SIGTERM)
-	t := time.NewTimer(r.cfg.KillGrace)
-	defer t.Stop()
-	select {
-	case <-exited:
-	case <-t.C:
-		signal(syscall.SIGKILL)
-		<-exited
-	}
-}
-
-// stream logs rd line by line; a line longer than MaxLineBytes is logged
-// cut, with the number of bytes left out.
-func (r *Runner) stream(rd io.Reader, msg string, log *slog.Logger, tail *tailBuffer) {
-	if tail != nil {
-		rd = io.TeeReader(rd, tail)
-	}
-	br := newLineReader(rd, r.cfg.MaxLineBytes)
-	ctx := context.Background()
-	for {
-		line, cut, err := br.next()
-		if len(line) > 0 || cut > 0 {
-			if cut > 0 {
-				log.LogAttrs(ctx, slog.LevelInfo, msg, slog.String("line", string(line)), slog.Int("cut_bytes", cut))
-			} else {
-				log.LogAttrs(ctx, slog.LevelInfo, msg, slog.String("line", string(line)))
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 func lastLine(s string) string {

@@ -31,6 +31,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv("BACKEND_TEST_HELPER") != "" {
 		os.Exit(helper(os.Args[1:]))
 	}
+	if os.Getenv("BACKEND_TEST_WORKER") != "" {
+		os.Exit(probeWorker(os.Args[1:]))
+	}
+	// As in pgworker: what programs leave behind comes back to this process.
+	if err := BecomeSubreaper(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -92,6 +100,17 @@ func helper(args []string) int {
 		fmt.Println("ready")
 		time.Sleep(time.Hour)
 		return 0
+	case "orphan": // runs "spawn escape" to its end, leaving an orphan in a session of its own, then hangs
+		self, _ := os.Executable()
+		c := exec.Command(self, "spawn", "escape")
+		c.Stdout, c.Stderr = os.Stderr, os.Stderr // files: Run does not wait for the orphan to close them
+		if err := c.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 104
+		}
+		fmt.Println("spawned")
+		time.Sleep(time.Hour)
+		return 0
 	case "spawn": // spawn MODE [ignore-term]: starts "hang" as a child, writes its pid to child.pid, then MODE
 		if len(args) > 2 && args[2] == "ignore-term" {
 			signal.Ignore(syscall.SIGTERM)
@@ -102,18 +121,35 @@ func helper(args []string) int {
 			child.Args = append(child.Args, args[2])
 		}
 		child.Stdout, child.Stderr = os.Stdout, os.Stderr
-		if args[1] == "escape" {
+		switch args[1] {
+		case "escape", "escape-hang":
 			child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		case "escape-noenv": // a new session and no trace of the run
+			child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			child.Env = []string{"BACKEND_TEST_HELPER=1", "GORACE=atexit_sleep_ms=0"}
 		}
 		if err := child.Start(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 102
 		}
 		writeJSON("child.pid", child.Process.Pid)
-		if args[1] == "hang" {
+		if args[1] == "hang" || args[1] == "escape-hang" {
 			fmt.Println("spawned")
 			time.Sleep(time.Hour)
 		}
+		return 0
+	case "payload": // writes what it got of the payload to payload.json
+		b, err := os.ReadFile(os.Getenv("PGWORKER_PAYLOAD_FILE"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 103
+		}
+		fi, _ := os.Stat(os.Getenv("PGWORKER_PAYLOAD_FILE"))
+		env, inEnv := os.LookupEnv("PGWORKER_PAYLOAD")
+		writeJSON("payload-seen.json", map[string]any{
+			"file": string(b), "mode": fi.Mode().Perm().String(), "env": env, "in_env": inEnv,
+			"path": os.Getenv("PGWORKER_PAYLOAD_FILE"), "args": args[1:],
+		})
 		return 0
 	}
 	fmt.Fprintln(os.Stderr, "helper: unknown mode", args[0])
@@ -370,10 +406,13 @@ func TestRunKillsLeftoverChildren(t *testing.T) {
 	waitGone(t, child)
 }
 
+// TestRunProcessOutsideGroupDoesNotBlock: a process that left the group
+// and cleared its environment cannot be told apart from the run; it keeps
+// the output pipes open, and Run still ends.
 func TestRunProcessOutsideGroupDoesNotBlock(t *testing.T) {
 	t.Parallel()
 	out := newLines()
-	r := newRunner(t, Config{Command: helperCommand(t, "spawn", "escape"), Logger: slog.New(out)})
+	r := newRunner(t, Config{Command: helperCommand(t, "spawn", "escape-noenv"), Logger: slog.New(out)})
 	job := newJob(t)
 	_, err := r.Run(context.Background(), job)
 	var child int

@@ -16,9 +16,10 @@ import (
 //	{attempt}     attempt number, from 1 (Job.Attempt)
 //	{queue}       the row's queue (Job.Queue)
 //	{work_dir}    the slot's work directory, the program's working directory (Job.WorkDir)
+//	{payload_file} path of the file holding the row's payload (Job.PayloadFile)
 //
 // A literal brace is written twice: {{ gives {, }} gives }.
-var Placeholders = []string{"input", "output_dir", "id", "source", "attempt", "queue", "work_dir"}
+var Placeholders = []string{"input", "output_dir", "id", "source", "attempt", "queue", "work_dir", "payload_file"}
 
 type placeholder int
 
@@ -31,16 +32,18 @@ const (
 	phAttempt
 	phQueue
 	phWorkDir
+	phPayloadFile
 )
 
 var placeholderByName = map[string]placeholder{
-	"input":      phInput,
-	"output_dir": phOutputDir,
-	"id":         phID,
-	"source":     phSource,
-	"attempt":    phAttempt,
-	"queue":      phQueue,
-	"work_dir":   phWorkDir,
+	"input":        phInput,
+	"output_dir":   phOutputDir,
+	"id":           phID,
+	"source":       phSource,
+	"attempt":      phAttempt,
+	"queue":        phQueue,
+	"work_dir":     phWorkDir,
+	"payload_file": phPayloadFile,
 }
 
 // part is a literal piece of a word or a placeholder.
@@ -209,6 +212,8 @@ func (p part) value(job *Job) string {
 		return job.Queue
 	case phWorkDir:
 		return job.WorkDir
+	case phPayloadFile:
+		return job.PayloadFile
 	}
 	return p.text
 }

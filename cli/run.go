@@ -42,14 +42,19 @@ inside the words, each value staying one argument whatever it holds:
   {id}          row id             {attempt}   attempt number, from 1
   {source}      the row's source   {queue}     the row's queue
   {work_dir}    the slot's work directory (the program's working directory)
+  {payload_file} file holding the row's payload (JSON)
 
 Write {{ and }} for literal braces. The program also gets PGWORKER_INPUT,
 PGWORKER_OUTPUT_DIR, PGWORKER_ID, PGWORKER_SOURCE, PGWORKER_ATTEMPT,
-PGWORKER_QUEUE, PGWORKER_PAYLOAD, PGWORKER_WORK_DIR and PGWORKER_WORKER_ID in
+PGWORKER_QUEUE, PGWORKER_PAYLOAD_FILE, PGWORKER_PAYLOAD (only when the payload
+has at most 32 KiB), PGWORKER_WORK_DIR and PGWORKER_WORKER_ID in
 its environment, which is the worker's minus its credentials and settings
 (PGWORKER_*, DATABASE_URL, PGPASSWORD, AWS_* keys, MINIO_* keys; --pass-env
 lets named ones through). It runs in its own process group, which is killed
-(SIGTERM, then SIGKILL after --kill-grace) on timeout, cancellation or stop.
+(SIGTERM, then SIGKILL after --kill-grace) on timeout, cancellation or stop;
+what it leaves running, even in a session of its own (setsid), is killed
+when its row ends. It cannot read the worker's memory or environment through
+/proc; started as root, --run-as runs it as another user.
 
 Exit status 0 completes the row; any other status, a signal or a timeout
 fails the attempt, and the row is retried with backoff until its
@@ -114,6 +119,8 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 		execCmd, slots, metricsAddr, workDir, listenURL      string
 		inputStore, outputStore                              string
 		queues, passEnv                                      listFlag
+		runAs                                                string
+		rowLogLines, rowLogBytes                             int
 		timeout, heartbeat, leaseTimeout, drainTimeout, kill time.Duration
 	)
 	fs.StringVar(&execCmd, "exec", "", "the `COMMAND` to run for each row, with placeholders (see above)")
@@ -144,11 +151,20 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	fs.env("output-store", "PGWORKER_OUTPUT_STORE")
 	fs.Var(&passEnv, "pass-env", "hand the environment variable `NAME` to the program although it is withheld by default (repeatable); the twin takes a comma-separated list")
 	fs.env("pass-env", "PGWORKER_PASS_ENV")
+	fs.StringVar(&runAs, "run-as", "", "run the program as this `USER` (name, uid, or UID:GID); the worker must start as root")
+	fs.env("run-as", "PGWORKER_RUN_AS")
+	fs.IntVar(&rowLogLines, "row-log-lines", 1000, "lines of the program's output logged per row; past them one line says how many more were not (0: none)")
+	fs.env("row-log-lines", "PGWORKER_ROW_LOG_LINES")
+	fs.IntVar(&rowLogBytes, "row-log-bytes", 1<<20, "bytes of the program's output logged per row (0: none)")
+	fs.env("row-log-bytes", "PGWORKER_ROW_LOG_BYTES")
 	if help, err := inv.parse(args); help || err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q: the command goes in --exec, quoted (see 'pgworker run --help')", fs.Arg(0))
+	}
+	if rowLogLines < 0 || rowLogBytes < 0 {
+		return usagef("--row-log-lines and --row-log-bytes must not be negative (0 logs none of the program's output)")
 	}
 
 	cfg := &RunConfig{
@@ -177,16 +193,22 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	var err error
 	cfg.Backend, err = backend.New(&backend.Config{
 		Command: execCmd, Timeout: timeout, KillGrace: kill, PassEnv: passEnv, Logger: cfg.Logger,
+		LogLines: noneIsNegative(rowLogLines), LogBytes: noneIsNegative(rowLogBytes), RunAs: runAs,
 	})
 	var se *backend.SyntaxError
 	switch {
 	case errors.As(err, &se), errors.Is(err, backend.ErrEmptyCommand):
 		return usagef("--exec %s: %v", clip(execCmd, 80), err)
+	case errors.Is(err, backend.ErrRunAs):
+		return usagef("--run-as: %v", err)
 	case err != nil:
 		return fmt.Errorf("--exec: %w", err)
 	}
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
 		return fmt.Errorf("--work-dir: %w", err)
+	}
+	if err := cfg.Backend.CheckWorkDir(workDir); err != nil {
+		return fmt.Errorf("--run-as: %w", err)
 	}
 
 	cfg.Pool, err = inv.connect(ctx, int32(cfg.SlotsMax+4))
@@ -206,6 +228,14 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 		"exec", cfg.Exec, "program", cfg.Backend.Program(), "slots", slots, "queues", []string(cfg.Queues),
 		"heartbeat", heartbeat, "lease_timeout", leaseTimeout, "timeout", timeout)
 	return c.cfg.RunWorkers(ctx, cfg)
+}
+
+// noneIsNegative maps a flag's 0 (none) to backend.Config's negative.
+func noneIsNegative(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // check validates the flags that need no I/O.

@@ -46,6 +46,10 @@ type stack struct {
 	s3c *minio.Client
 
 	procs []*proc // started, in order
+
+	// procAttr is how pgworker processes start (for example as another
+	// user); nil: like the test.
+	procAttr *syscall.SysProcAttr
 }
 
 func newStack(t *testing.T) *stack {
@@ -340,6 +344,7 @@ func (s *stack) startCmd(name string, args ...string) *proc {
 	cmd := exec.Command(pgworkerBin, args...)
 	cmd.Env = s.env
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = s.procAttr
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start pgworker %s: %v", strings.Join(args, " "), err)
 	}

@@ -172,6 +172,10 @@ func (h *Handler) Handle(ctx context.Context, job *worker.Job) (*worker.Result, 
 	}
 	if err != nil {
 		switch {
+		case errors.Is(err, backend.ErrArgTooLong):
+			// The row's own values make the command too long for the
+			// kernel: every attempt would fail the same way.
+			return result, worker.Permanent(err)
 		case backend.Permanent(err) && h.cfg.Runner.Program() != "":
 			// The program was found at startup and is gone now (an NFS
 			// mount dropped, a deploy in progress): the node's trouble, not
