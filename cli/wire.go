@@ -44,11 +44,13 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	defer output.Close()
 
 	handler, err := pipeline.New(&pipeline.Config{
-		Resolver: blob.NewResolver(input),
-		Output:   output,
-		Runner:   cfg.Backend,
-		WorkDir:  cfg.WorkDir,
-		Logger:   cfg.Logger,
+		Resolver:       blob.NewResolver(input),
+		Output:         output,
+		Runner:         cfg.Backend,
+		WorkDir:        cfg.WorkDir,
+		MaxOutputFiles: cfg.MaxOutputFiles,
+		MaxOutputBytes: cfg.MaxOutputBytes,
+		Logger:         cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
@@ -57,6 +59,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	observer := rowLogger(cfg.Logger)
 	if cfg.MetricsAddr != "" {
 		m = metrics.New(cfg.Pool, &metrics.Config{Logger: cfg.Logger})
+		m.AddReadyCheck(handler.Ready)
 		observer = worker.Observers(m, observer)
 	}
 	w, err := worker.New(cfg.Pool, &worker.Config{
@@ -69,6 +72,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		ListenURL:         cfg.ListenURL,
 		Version:           cfg.Version,
 		Observer:          observer,
+		Gate:              handler.Gate(),
 		Logger:            cfg.Logger,
 	})
 	if err != nil {
