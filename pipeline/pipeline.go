@@ -9,7 +9,15 @@
 //		Output:   outputStore,
 //		Runner:   runner, // backend.New(&backend.Config{Command: "convert {input} {output_dir}/page.png"})
 //	})
-//	w, err := worker.New(pool, &worker.Config{Handler: h, Slots: 8})
+//	w, err := worker.New(pool, &worker.Config{Handler: h, Gate: h.Gate(), Slots: 8})
+//
+// The work directory belongs to the worker's user and nobody else can write
+// to it (MakeWorkDir). While it is unusable (full, read-only, gone), rows
+// go back to the queue without spending an attempt, the Gate holds the
+// worker's slots back and Ready says why, until it is usable again. What a
+// program leaves in its output directory is checked before anything is
+// uploaded: only regular files with a single link, within the bounds on
+// files and bytes.
 //
 // Output keys are <id>/<attempt>-<token>/<path in output_dir>: an attempt that
 // lost its row (its lease expired, the row went elsewhere) can still finish

@@ -14,7 +14,8 @@
 // Handlers report failures as errors: Permanent(err) fails the row without
 // retries, Release(err) hands it back without spending an attempt. A
 // Result returned with the error is recorded on the failed attempt (exit
-// code, duration, stderr tail).
+// code, duration, stderr tail). A Gate (Config.Gate) keeps the slots from
+// claiming while the node cannot work, for example while its disk is full.
 //
 //	w, err := worker.New(pool, &worker.Config{
 //		Queues: []string{"default"},
