@@ -305,7 +305,7 @@ func (h *Handler) runError(ctx context.Context, a *attempt, err error) error {
 		// a cleaner): the node's trouble, not the row's.
 		return localTrouble(fmt.Errorf("work directory lost while the program ran: %s is gone (program: %w)", a.outDir, err))
 	}
-	if full := h.health.checkSpace(); full != nil {
+	if full := h.health.checkSpace(); errors.Is(full, syscall.ENOSPC) {
 		// The program most likely failed for want of space: the node's
 		// trouble, not the row's.
 		h.health.fail(full)
