@@ -30,7 +30,8 @@ type Store interface {
 	// bounded by Options.PartSize whatever the size.
 	Put(ctx context.Context, key string, r io.Reader, size int64) (Info, error)
 	// PutFile stores the regular file at path. It does not follow a
-	// symbolic link at path.
+	// symbolic link at path, and refuses a file with more than one hard
+	// link (ErrInvalidKey), whose other names may be anywhere.
 	PutFile(ctx context.Context, key, path string) (Info, error)
 	// Stat returns what the store knows about the object without reading it.
 	// SHA256 is set only where the store keeps it (s3:// objects that

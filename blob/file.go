@@ -368,7 +368,9 @@ func (c *copier) copyLocal(ctx context.Context, dst io.Writer, src io.Reader) er
 }
 
 // openLocal opens a regular file for upload without following a symbolic
-// link in its last element, and returns its size.
+// link in its last element, and returns its size. The checks are made on
+// the file opened, not on its name, so that nothing can swap it between
+// them and the upload.
 func openLocal(path string) (*os.File, int64, error) {
 	file, err := openNoFollow(path)
 	if err != nil {
@@ -385,6 +387,12 @@ func openLocal(path string) (*os.File, int64, error) {
 	if !fi.Mode().IsRegular() {
 		file.Close()
 		return nil, 0, classify(ErrNotFound, fmt.Errorf("%s is not a regular file", path))
+	}
+	if n := hardLinks(fi); n > 1 {
+		// Another name of the same file may be anywhere on the node: a
+		// program could have linked /etc/shadow into its output.
+		file.Close()
+		return nil, 0, classify(ErrInvalidKey, fmt.Errorf("%s has %d hard links: a file with other names is not uploaded", path, n))
 	}
 	return file, fi.Size(), nil
 }

@@ -343,6 +343,16 @@ func TestPutFileRefusesLinks(t *testing.T) {
 			if _, err := s.PutFile(context.Background(), "out.txt", dir); !errors.Is(err, blob.ErrNotFound) {
 				t.Errorf("PutFile of a directory: err = %v, want ErrNotFound", err)
 			}
+			hard := filepath.Join(dir, "hard.txt")
+			if err := os.Link(secret, hard); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.PutFile(context.Background(), "hard.txt", hard); !errors.Is(err, blob.ErrInvalidKey) || !strings.Contains(err.Error(), "hard links") {
+				t.Errorf("PutFile of a file with two hard links: err = %v, want ErrInvalidKey naming the links", err)
+			}
+			if _, err := s.Stat(context.Background(), "hard.txt"); !errors.Is(err, blob.ErrNotFound) {
+				t.Errorf("the hard-linked file was stored: Stat err = %v", err)
+			}
 		})
 	}
 }

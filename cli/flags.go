@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -211,5 +212,48 @@ type listFlag []string
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
 func (l *listFlag) Set(s string) error {
 	*l = append(*l, s)
+	return nil
+}
+
+// sizeFlag is a number of bytes, written as a plain number or with a unit:
+// 512KiB, 500MB, 10GiB (K, M, G and T alone count in powers of 1024).
+type sizeFlag int64
+
+var sizeUnits = []struct {
+	suffix string
+	n      int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
+	{"B", 1},
+}
+
+func (s *sizeFlag) String() string {
+	n := int64(*s)
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.n == 0 {
+			return strconv.FormatInt(n/u.n, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func (s *sizeFlag) Set(v string) error {
+	num, mult := strings.TrimSpace(v), int64(1)
+	for _, u := range sizeUnits {
+		if rest, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(rest), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return fmt.Errorf("%q is not a size: give bytes, or a number with a unit such as 500MiB or 10GiB", v)
+	}
+	*s = sizeFlag(n * mult)
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/backend"
+	"github.com/pgworker/pgworker/pipeline"
 )
 
 var runCommand = &command{
@@ -89,8 +89,12 @@ type RunConfig struct {
 	// MetricsAddr is the host:port to serve metrics on; "" for none.
 	MetricsAddr string
 	// WorkDir is the directory under which each slot gets its work
-	// directory. It exists.
+	// directory. It exists and no other user can change it.
 	WorkDir string
+	// MaxOutputFiles and MaxOutputBytes bound what one row uploads;
+	// negative means no bound.
+	MaxOutputFiles int
+	MaxOutputBytes int64
 
 	// InputStore and OutputStore are s3://bucket/prefix or file:///dir URLs,
 	// or "". S3 endpoint and credentials come from PGWORKER_S3_ENDPOINT and
@@ -122,6 +126,8 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 		runAs                                                string
 		rowLogLines, rowLogBytes                             int
 		timeout, heartbeat, leaseTimeout, drainTimeout, kill time.Duration
+		maxOutputFiles                                       int
+		maxOutputBytes                                       = sizeFlag(pipeline.DefaultMaxOutputBytes)
 	)
 	fs.StringVar(&execCmd, "exec", "", "the `COMMAND` to run for each row, with placeholders (see above)")
 	fs.env("exec", "PGWORKER_EXEC")
@@ -141,8 +147,15 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	fs.env("kill-grace", "PGWORKER_KILL_GRACE")
 	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve metrics on this `HOST:PORT` (default: off)")
 	fs.env("metrics-addr", "PGWORKER_METRICS_ADDR")
-	fs.StringVar(&workDir, "work-dir", filepath.Join(os.TempDir(), "pgworker"), "`DIR` for the slots' inputs and outputs")
+	defaultWorkDir, _ := pipeline.DefaultWorkDir()
+	fs.StringVar(&workDir, "work-dir", defaultWorkDir, "`DIR` for the slots' inputs and outputs: it must belong to this user and be writable by nobody else, "+
+		"below directories that only this user or root can change (or sticky ones, like /tmp); it is created with mode 0700 if missing. "+
+		"By default $STATE_DIRECTORY/work when systemd's StateDirectory= sets it, else pgworker in the user's cache directory ($XDG_CACHE_HOME or ~/.cache)")
 	fs.env("work-dir", "PGWORKER_WORK_DIR")
+	fs.IntVar(&maxOutputFiles, "max-output-files", pipeline.DefaultMaxOutputFiles, "most files one row may upload; a row with more fails, with nothing uploaded; 0 for no bound")
+	fs.env("max-output-files", "PGWORKER_MAX_OUTPUT_FILES")
+	fs.Var(&maxOutputBytes, "max-output-bytes", "most bytes one row may upload, e.g. 500MiB or 10GiB (a sparse file counts at its length); a row with more fails, with nothing uploaded; 0 for no bound")
+	fs.env("max-output-bytes", "PGWORKER_MAX_OUTPUT_BYTES")
 	fs.StringVar(&listenURL, "listen-url", "", "database `URL` for LISTEN when --database-url goes through a transaction-pooling PgBouncer (default: --database-url)")
 	fs.env("listen-url", "PGWORKER_LISTEN_URL")
 	fs.StringVar(&inputStore, "input-store", "", "`URL` where sources are read: s3://bucket/prefix or file:///dir")
@@ -166,10 +179,14 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	if rowLogLines < 0 || rowLogBytes < 0 {
 		return usagef("--row-log-lines and --row-log-bytes must not be negative (0 logs none of the program's output)")
 	}
+	if maxOutputFiles < 0 {
+		return usagef("--max-output-files must not be negative (0 means no bound)")
+	}
 
 	cfg := &RunConfig{
 		Exec: execCmd, Queues: queues, Timeout: timeout, Heartbeat: heartbeat, LeaseTimeout: leaseTimeout,
 		DrainTimeout: drainTimeout, KillGrace: kill, MetricsAddr: metricsAddr, WorkDir: workDir,
+		MaxOutputFiles: noBound(maxOutputFiles), MaxOutputBytes: noBound(int64(maxOutputBytes)),
 		InputStore: inputStore, OutputStore: outputStore, ListenURL: listenURL, Version: version(),
 	}
 	if err := cfg.check(slots); err != nil {
@@ -204,7 +221,10 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	case err != nil:
 		return fmt.Errorf("--exec: %w", err)
 	}
-	if err := os.MkdirAll(workDir, 0o755); err != nil {
+	if cfg.WorkDir, err = pipeline.MakeWorkDir(workDir); err != nil {
+		if errors.Is(err, pipeline.ErrUnsafeWorkDir) {
+			return usagef("--work-dir: %v", err)
+		}
 		return fmt.Errorf("--work-dir: %w", err)
 	}
 	if err := cfg.Backend.CheckWorkDir(workDir); err != nil {
@@ -264,6 +284,8 @@ func (cfg *RunConfig) check(slots string) error {
 		return usagef("--drain-timeout must not be negative")
 	case cfg.KillGrace <= 0:
 		return usagef("--kill-grace must be positive")
+	case cfg.WorkDir == "":
+		return usagef("missing --work-dir: no default could be found (no $STATE_DIRECTORY, no home or cache directory); give one, or set PGWORKER_WORK_DIR")
 	}
 	if cfg.MetricsAddr != "" {
 		if _, port, err := net.SplitHostPort(cfg.MetricsAddr); err != nil || port == "" {
@@ -354,4 +376,12 @@ func drainOnSignal(parent context.Context, sigs chan os.Signal, logger *slog.Log
 		close(done)
 		cancel(nil)
 	}
+}
+
+// noBound maps a bound flag's 0 (no bound) to the pipeline's -1.
+func noBound[T int | int64](n T) T {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

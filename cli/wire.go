@@ -29,11 +29,13 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	}()
 
 	handler, err := pipeline.New(&pipeline.Config{
-		Resolver: blob.NewResolver(input),
-		Output:   output,
-		Runner:   cfg.Backend,
-		WorkDir:  cfg.WorkDir,
-		Logger:   cfg.Logger,
+		Resolver:       blob.NewResolver(input),
+		Output:         output,
+		Runner:         cfg.Backend,
+		WorkDir:        cfg.WorkDir,
+		MaxOutputFiles: cfg.MaxOutputFiles,
+		MaxOutputBytes: cfg.MaxOutputBytes,
+		Logger:         cfg.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
@@ -42,6 +44,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	observer := rowLogger(cfg.Logger)
 	if cfg.MetricsAddr != "" {
 		m = metrics.New(cfg.Pool, &metrics.Config{Logger: cfg.Logger})
+		m.AddReadyCheck(handler.Ready)
 		observer = worker.Observers(m, observer)
 	}
 	w, err := worker.New(cfg.Pool, &worker.Config{
@@ -54,6 +57,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		ListenURL:         cfg.ListenURL,
 		Version:           cfg.Version,
 		Observer:          observer,
+		Gate:              handler.Gate(),
 		Logger:            cfg.Logger,
 	})
 	if err != nil {

@@ -79,6 +79,7 @@ type Metrics struct {
 
 	mu      sync.Mutex
 	workers []*worker.Worker
+	checks  []func(context.Context) error // see AddReadyCheck
 
 	claimed, done, released, lost, cancelled *prometheus.CounterVec
 	failed                                   *prometheus.CounterVec

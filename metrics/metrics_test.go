@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -417,5 +418,29 @@ func TestServerStopsGracefully(t *testing.T) {
 	}
 	if err := <-stopped; err != nil {
 		t.Errorf("Stop: %v", err)
+	}
+}
+
+// A check added with AddReadyCheck makes /readyz say not ready, with the
+// check's short reason, and ready again once it passes.
+func TestReadyCheck(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil)
+	var mu sync.Mutex
+	problem := errors.New("work directory out of space")
+	s.m.AddReadyCheck(func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return problem
+	})
+	s.start(t)
+	if code, body := get(t, s.base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "work directory out of space") {
+		t.Errorf("/readyz with a failing check: %d %q", code, body)
+	}
+	mu.Lock()
+	problem = nil
+	mu.Unlock()
+	if code, body := get(t, s.base+"/readyz"); code != http.StatusOK || !strings.HasPrefix(body, "ready") {
+		t.Errorf("/readyz once the check passes: %d %q", code, body)
 	}
 }

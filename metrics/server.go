@@ -28,6 +28,9 @@ func newMux(m *Metrics) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		ok, problems := m.ready(r.Context())
+		if more := m.runReadyChecks(r.Context()); len(more) > 0 {
+			ok, problems = false, append(problems, more...)
+		}
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, "not ready")
@@ -41,6 +44,30 @@ func newMux(m *Metrics) http.Handler {
 		fmt.Fprintln(w, "pgworker: /metrics (Prometheus), /healthz (alive), /readyz (database and listener up)")
 	})
 	return mux
+}
+
+// AddReadyCheck adds a check to /readyz: while check returns an error, the
+// process is not ready and /readyz shows the error's text, which should be
+// a few words ("work directory out of space") with the details left to
+// the log, since anyone who reaches the port reads it.
+func (m *Metrics) AddReadyCheck(check func(ctx context.Context) error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checks = append(m.checks, check)
+}
+
+// runReadyChecks returns the errors of the checks added by AddReadyCheck.
+func (m *Metrics) runReadyChecks(ctx context.Context) []string {
+	m.mu.Lock()
+	checks := m.checks
+	m.mu.Unlock()
+	var problems []string
+	for _, check := range checks {
+		if err := check(ctx); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	return problems
 }
 
 // ServerConfig configures a Server.

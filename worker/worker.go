@@ -14,7 +14,8 @@
 // Handlers report failures as errors: Permanent(err) fails the row without
 // retries, Release(err) hands it back without spending an attempt. A
 // Result returned with the error is recorded on the failed attempt (exit
-// code, duration, stderr tail).
+// code, duration, stderr tail). A Gate (Config.Gate) keeps the slots from
+// claiming while the node cannot work, for example while its disk is full.
 //
 //	w, err := worker.New(pool, &worker.Config{
 //		Queues: []string{"default"},
@@ -163,6 +164,11 @@ type Config struct {
 	// metrics and per-row logs. Defaults to none.
 	Observer Observer
 
+	// Gate, when set, is asked each time a slot's row ends: while it is
+	// closed, that slot and the idle ones claim nothing until Gate.Wait
+	// returns. Defaults to none.
+	Gate Gate
+
 	// Logger receives the worker's log lines. Defaults to discarding.
 	Logger *slog.Logger
 }
@@ -198,6 +204,8 @@ type Worker struct {
 	handler  Handler
 	logger   *slog.Logger
 	observer Observer
+	gate     Gate
+	gated    sync.WaitGroup // holdSlots goroutines
 
 	queues      []string
 	minSlots    int
@@ -289,6 +297,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		handler:     cfg.Handler,
 		logger:      cfg.Logger,
 		observer:    cfg.Observer,
+		gate:        cfg.Gate,
 		queues:      slices.Clone(cfg.Queues),
 		minSlots:    max(cfg.Slots, 1),
 		threshold:   cfg.ScaleThreshold,
@@ -545,6 +554,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 
 	w.loopCancel()
 	w.loops.Wait()
+	w.gated.Wait()
 	w.sub.Close()
 	w.stopControl()
 	w.handlerCancel(ErrStopping)
@@ -701,9 +711,13 @@ func (w *Worker) call(ctx context.Context, job *Job) (res *Result, err error) {
 	return w.handler.Handle(ctx, job)
 }
 
-// freeSlot lets the slot of t take its next row.
+// freeSlot lets the slot of t take its next row, once the gate is open.
 func (w *Worker) freeSlot(t *task) {
-	if !w.closing.Load() {
+	switch {
+	case w.closing.Load():
+	case w.gate != nil && !w.gate.Open():
+		w.holdSlots(t.row.WorkerID)
+	default:
 		w.claimer.Free(t.row.WorkerID)
 	}
 }
