@@ -224,7 +224,7 @@ func TestScriptWorkerWithKey(t *testing.T) {
 }
 
 // Payloads are bounded (1 MiB of text), and an empty queue name is an error
-// wherever the API takes one: before, files.retry(NULL, ”) retried the
+// wherever the API takes one: before, a retry with an empty queue name retried the
 // failed rows of every queue.
 func TestBoundsAndEmptyQueueNames(t *testing.T) {
 	t.Parallel()
