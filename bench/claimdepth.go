@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -23,11 +24,14 @@ SELECT $1, 'depth/' || g,
        CASE WHEN g % $4 = 0 THEN NULL ELSE now() END,
        CASE WHEN g % $4 = 0 THEN NULL ELSE now() END
 FROM generate_series($2::bigint, $3::bigint) AS g`
-	sqlClaimBatchOne = `SELECT id, attempt FROM files.claim_batch($1::text[], $2::text[])`
-	sqlClaimOne      = `SELECT id, attempt FROM files.claim($1, $2::text[], 1)`
-	sqlRelease       = `SELECT files.release($1::bigint, $2, $3::integer, $4)`
-	sqlDeregister    = `SELECT files.deregister_worker($1)`
+	sqlClaimBatchOne = `SELECT id, attempt, claim_token FROM files.claim_batch($1::text[], $2::text[], $3)`
+	sqlClaimOne      = `SELECT id, attempt, claim_token FROM files.claim($1, $2::text[], 1, $3)`
+	sqlRelease       = `SELECT files.release($1::bigint, $2, $3::integer, $4, $5)`
+	sqlDeregister    = `SELECT files.deregister_worker($1, $2)`
 )
+
+// slotKey is the key of the bench's slot: its first claim registers it with it.
+var slotKey = rand.Text()
 
 // fillChunk is how many rows one INSERT ... SELECT adds.
 const fillChunk = 1_000_000
@@ -100,7 +104,7 @@ func (b *Bench) ClaimDepth(ctx context.Context, cfg *ClaimDepthConfig) (*ClaimDe
 		slot := workerPrefix + strconv.Itoa(os.Getpid()) + ":depth:0"
 		defer func() {
 			// The first claim registered the slot; stopped, the cleanup removes it.
-			_, _ = conn.Exec(context.WithoutCancel(ctx), sqlDeregister, slot)
+			_, _ = conn.Exec(context.WithoutCancel(ctx), sqlDeregister, slot, slotKey)
 		}()
 		have := 0
 		for _, depth := range c.Depths {
@@ -214,8 +218,9 @@ func claimTimes(ctx context.Context, conn *pgx.Conn, slot string, n int) (batch,
 	claim := func(sql string, args ...any) (time.Duration, error) {
 		var id int64
 		var attempt int32
+		var token string
 		t := time.Now()
-		err := conn.QueryRow(ctx, sql, args...).Scan(&id, &attempt)
+		err := conn.QueryRow(ctx, sql, args...).Scan(&id, &attempt, &token)
 		d := time.Since(t)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, errors.New("bench: a claim found no pending row")
@@ -223,17 +228,17 @@ func claimTimes(ctx context.Context, conn *pgx.Conn, slot string, n int) (batch,
 		if err != nil {
 			return 0, fmt.Errorf("bench: claim: %w", err)
 		}
-		if _, err := conn.Exec(ctx, sqlRelease, id, slot, attempt, "pgworker bench"); err != nil {
+		if _, err := conn.Exec(ctx, sqlRelease, id, slot, attempt, token, "pgworker bench"); err != nil {
 			return 0, fmt.Errorf("bench: release: %w", err)
 		}
 		return d, nil
 	}
 	for range n {
-		db, err := claim(sqlClaimBatchOne, []string{slot}, queues)
+		db, err := claim(sqlClaimBatchOne, []string{slot}, queues, slotKey)
 		if err != nil {
 			return nil, nil, err
 		}
-		ds, err := claim(sqlClaimOne, slot, queues)
+		ds, err := claim(sqlClaimOne, slot, queues, slotKey)
 		if err != nil {
 			return nil, nil, err
 		}

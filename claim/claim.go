@@ -44,12 +44,12 @@ import (
 )
 
 // sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL:
-// all); sqlClaimOne the row of one worker id.
+// all) with the slots' key $3; sqlClaimOne the row of one worker id.
 const (
 	claimColumns = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
-       created_at, claimed_at, lease_expires_at, coalesce(last_error, '')`
-	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[])`
-	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[])`
+       created_at, claimed_at, lease_expires_at, coalesce(last_error, ''), claim_token`
+	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3)`
+	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3)`
 )
 
 // maxWakeTimes bounds how many retry times a Claimer remembers; the safety net
@@ -70,6 +70,7 @@ type Row struct {
 	ClaimedAt      time.Time
 	LeaseExpiresAt time.Time // as set by the server's clock
 	LastError      string    // of the previous attempt, if any
+	Token          string    // the claim's secret: files.complete, fail and release require it
 }
 
 // Config configures a Claimer. A nil or zero Config works.
@@ -80,6 +81,11 @@ type Config struct {
 	// Idle are the worker ids of the slots that start idle. More can be
 	// added with Free.
 	Idle []string
+
+	// Key is the slots' key (files.register_worker): a slot registered with
+	// a key claims only with it, and an unknown slot is registered with it.
+	// Defaults to none: the slots must have no key.
+	Key string
 
 	// Doorbell rings when there may be claimable rows (a listener
 	// subscription's Doorbell). Defaults to none: only the safety net and freed
@@ -119,6 +125,7 @@ type Stats struct {
 type Claimer struct {
 	pool       *pgxpool.Pool
 	queues     []string
+	key        *string
 	doorbell   <-chan struct{}
 	safetyNet  time.Duration
 	backoffMin time.Duration
@@ -165,6 +172,9 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 	if len(c.queues) == 0 {
 		c.queues = nil
 	}
+	if cfg.Key != "" {
+		c.key = &cfg.Key
+	}
 	c.backoffMax = max(c.backoffMax, c.backoffMin)
 	return c
 }
@@ -192,7 +202,7 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 	if len(workerIDs) == 1 {
 		sql, ids = sqlClaimOne, workerIDs[0]
 	}
-	rs, err := c.pool.Query(ctx, sql, ids, c.queues)
+	rs, err := c.pool.Query(ctx, sql, ids, c.queues, c.key)
 	if err != nil {
 		return nil, c.countErr(err)
 	}
@@ -207,7 +217,7 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		out = append(out, Row{})
 		r := &out[len(out)-1]
 		if err := rs.Scan(&r.ID, &r.Queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
-			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError); err != nil {
+			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &r.Token); err != nil {
 			return nil, c.countErr(fmt.Errorf("claim: scan row: %w", err))
 		}
 		r.Priority, r.Attempt, r.MaxAttempts = int(priority), int(attempt), int(maxAttempts)

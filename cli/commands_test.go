@@ -301,20 +301,20 @@ func TestStatus(t *testing.T) {
 	ok(t, url, "a\nb\nc\nd\ne\n", "enqueue", "--queue", "img")
 	ok(t, url, "", "enqueue", "--queue", "doc", "x", "y")
 	ok(t, url, "", "pause", "doc")
-	exec(t, pool, "SELECT files.register_worker('node-a:1:0', 'node-a', 1, 0, 'v-test')")
+	exec(t, pool, "SELECT files.register_worker('node-a:1:0', 'node-a', 1, 0, 'v-test', key => 'cli-test-key-0123456')")
 
-	claim := func(worker string) (id int64, attempt int) {
+	claim := func(worker string) (id int64, attempt int, token string) {
 		t.Helper()
-		if err := pool.QueryRow(ctx, "SELECT id, attempt FROM files.claim($1, ARRAY['img'])", worker).Scan(&id, &attempt); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim($1, ARRAY['img'], 1, 'cli-test-key-0123456')", worker).Scan(&id, &attempt, &token); err != nil {
 			t.Fatalf("claim: %v", err)
 		}
-		return id, attempt
+		return id, attempt, token
 	}
-	id, att := claim("node-b:2:0")
-	exec(t, pool, `SELECT files.complete($1, 'node-b:2:0', $2, '{}', '{"duration_ms": 1500}')`, id, att)
-	id, att = claim("node-b:2:0")
-	exec(t, pool, `SELECT files.fail($1, 'node-b:2:0', $2, 'boom', false, '{"duration_ms": 500}')`, id, att)
-	heldID, _ := claim("node-a:1:0")
+	id, att, token := claim("node-b:2:0")
+	exec(t, pool, `SELECT files.complete($1, 'node-b:2:0', $2, $3, '{}', '{"duration_ms": 1500}')`, id, att, token)
+	id, att, token = claim("node-b:2:0")
+	exec(t, pool, `SELECT files.fail($1, 'node-b:2:0', $2, $3, 'boom', false, '{"duration_ms": 500}')`, id, att, token)
+	heldID, _, _ := claim("node-a:1:0")
 
 	out := ok(t, url, "", "status")
 	for _, want := range []string{
@@ -393,10 +393,11 @@ func TestRetryCancelPauseResume(t *testing.T) {
 	for range 2 {
 		var id int64
 		var att int
-		if err := pool.QueryRow(ctx, "SELECT id, attempt FROM files.claim('w:1:0')").Scan(&id, &att); err != nil {
+		var token string
+		if err := pool.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim('w:1:0')").Scan(&id, &att, &token); err != nil {
 			t.Fatal(err)
 		}
-		exec(t, pool, "SELECT files.fail($1, 'w:1:0', $2, 'broken', false)", id, att)
+		exec(t, pool, "SELECT files.fail($1, 'w:1:0', $2, $3, 'broken', false)", id, att, token)
 	}
 	if failed := ids("state = 'failed'"); len(failed) != 2 {
 		t.Fatalf("failed rows: %v", failed)

@@ -14,9 +14,9 @@ func TestScaleHint(t *testing.T) {
 	t.Parallel()
 	url, pool := newDB(t)
 	// Two nodes of four slots; 100 rows outstanding; attempts of 2 seconds.
-	exec(t, pool, "SELECT files.register_worker('n' || p || ':' || p || ':' || g, 'n' || p, p, g) FROM generate_series(1, 2) p, generate_series(0, 3) g")
+	exec(t, pool, "SELECT files.register_worker('n' || p || ':' || p || ':' || g, 'n' || p, p, g, key => 'cli-test-key-0123456') FROM generate_series(1, 2) p, generate_series(0, 3) g")
 	exec(t, pool, "INSERT INTO files.files (source) SELECT 'r' || g FROM generate_series(1, 120) g")
-	exec(t, pool, "SELECT files.complete(c.id, c.worker_id, c.attempt, '{}') FROM files.claim('n1:1:0', NULL, 20) c")
+	exec(t, pool, "SELECT files.complete(c.id, c.worker_id, c.attempt, c.claim_token, '{}') FROM files.claim('n1:1:0', NULL, 20, 'cli-test-key-0123456') c")
 	exec(t, pool, "UPDATE files.attempts SET started_at = finished_at - interval '2 seconds'")
 	exec(t, pool, "SELECT files.pause_queue('later')")
 	exec(t, pool, "INSERT INTO files.files (queue, source) VALUES ('later', 'x')")

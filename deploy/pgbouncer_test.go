@@ -246,14 +246,15 @@ func TestPgBouncerShippedConfig(t *testing.T) {
 		worker := "node1:1:0"
 		var got int64
 		var attempt int
-		if err := conn.QueryRow(ctx, "SELECT id, attempt FROM files.claim($1)", worker).Scan(&got, &attempt); err != nil {
+		var token string
+		if err := conn.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim($1)", worker).Scan(&got, &attempt, &token); err != nil {
 			t.Fatalf("files.claim through %s: %v", txDB, err)
 		}
 		if got != id {
 			t.Fatalf("claimed row %d, want %d", got, id)
 		}
 		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT files.complete($1, $2, $3, $4)", got, worker, attempt, `{"pages": 1}`).Scan(&ok); err != nil || !ok {
+		if err := conn.QueryRow(ctx, "SELECT files.complete($1, $2, $3, $4, $5)", got, worker, attempt, token, `{"pages": 1}`).Scan(&ok); err != nil || !ok {
 			t.Fatalf("files.complete through %s: %v, %v", txDB, ok, err)
 		}
 		var state string

@@ -59,7 +59,8 @@ func TestRolesSQL(t *testing.T) {
 	}
 	const denied = "42501"
 	as("pgworker_node", "SELECT * FROM files.claim('node1:1:0')", "")
-	as("pgworker_node", "SELECT files.heartbeat('node1:1:0')", "")
+	as("pgworker_node", "SELECT files.register_worker('node1:1:1', key => 'roles-test-key-0123')", "")
+	as("pgworker_node", "SELECT files.heartbeat('roles-test-key-0123', 'node1:1:1')", "")
 	as("pgworker_node", "SELECT * FROM files.active_workers", "")
 	as("pgworker_node", "INSERT INTO files.files (source) VALUES ('x')", denied)
 	as("pgworker_node", "UPDATE files.files SET state = 'done'", denied)

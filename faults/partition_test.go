@@ -120,7 +120,7 @@ func TestPartition(t *testing.T) {
 	}
 	for _, a := range lost {
 		var ok bool
-		if err := late.QueryRow(context.Background(), `SELECT files.complete($1, $2, $3, '{"late": true}')`,
+		if err := late.QueryRow(context.Background(), `SELECT files.complete($1, $2, $3, 'token of the lost claim', '{"late": true}')`,
 			a.ID, a.Worker, a.Attempt).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}

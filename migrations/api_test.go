@@ -20,6 +20,7 @@ type claimed struct {
 	ID       int64
 	Priority int
 	Attempt  int
+	Token    string
 }
 
 func mustExec(t testing.TB, q interface {
@@ -51,7 +52,7 @@ func queryBool(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) bool {
 
 func claim(t *testing.T, pool *pgxpool.Pool, worker string, max int) []claimed {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), "SELECT id, priority, attempt FROM files.claim($1, NULL, $2)", worker, max)
+	rows, err := pool.Query(context.Background(), "SELECT id, priority, attempt, claim_token FROM files.claim($1, NULL, $2, key => 'test-key-0123456789')", worker, max)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,10 +106,10 @@ func TestClaimRace(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					worker := fmt.Sprintf("race-%d", c)
-					sql := "SELECT id, priority, attempt FROM files.get_unprocessed_entry_by_priority($1)"
+					sql := "SELECT id, priority, attempt, claim_token FROM files.get_unprocessed_entry_by_priority($1, 'test-key-0123456789')"
 					args := []any{worker}
 					if c%2 == 1 {
-						sql = "SELECT id, priority, attempt FROM files.claim($1, NULL, $2)"
+						sql = "SELECT id, priority, attempt, claim_token FROM files.claim($1, NULL, $2, key => 'test-key-0123456789')"
 						args = append(args, 1+c%5)
 					}
 					last := claimed{Priority: 1 << 30}
@@ -200,12 +201,12 @@ func TestClaimOrderQueuesAndSchedule(t *testing.T) {
 	// A claim restricted to a queue sees only that queue.
 	mustExec(t, pool, "INSERT INTO files.files (source, queue) VALUES ('b1', 'b'), ('a1', 'a')")
 	var src string
-	if err := pool.QueryRow(ctx, "SELECT source FROM files.claim('w2', ARRAY['b'], 5)").Scan(&src); err != nil || src != "b1" {
+	if err := pool.QueryRow(ctx, "SELECT source FROM files.claim('w2', ARRAY['b'], 5, key => 'test-key-0123456789')").Scan(&src); err != nil || src != "b1" {
 		t.Fatalf("claim of queue b: %q, %v", src, err)
 	}
 	// Resuming the paused queue makes its row claimable.
 	mustExec(t, pool, "SELECT files.resume_queue('p')")
-	if err := pool.QueryRow(ctx, "SELECT source FROM files.claim('w3', ARRAY['p'])").Scan(&src); err != nil || src != "paused" {
+	if err := pool.QueryRow(ctx, "SELECT source FROM files.claim('w3', ARRAY['p'], key => 'test-key-0123456789')").Scan(&src); err != nil || src != "paused" {
 		t.Fatalf("claim of resumed queue p: %q, %v", src, err)
 	}
 }
@@ -213,10 +214,10 @@ func TestClaimOrderQueuesAndSchedule(t *testing.T) {
 func TestFencing(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	mustExec(t, pool, "SELECT files.register_worker('w1', lease_timeout => '1 second')")
+	mustExec(t, pool, "SELECT files.register_worker('w1', lease_timeout => '1 second', key => 'test-key-0123456789')")
 	// w2, the reaper, is alive: when the whole fleet is silent, reap blames
 	// the database (files.fleet_heard).
-	mustExec(t, pool, "SELECT files.register_worker('w2')")
+	mustExec(t, pool, "SELECT files.register_worker('w2', key => 'test-key-0123456789')")
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b'), ('c')")
 	rows := claim(t, pool, "w1", 3)
 	if len(rows) != 3 {
@@ -228,12 +229,12 @@ func TestFencing(t *testing.T) {
 		name, sql string
 		args      []any
 	}{
-		{"complete by another worker", "SELECT files.complete($1, 'w2', 1, '{}')", []any{id}},
-		{"complete of another attempt", "SELECT files.complete($1, 'w1', 2, '{}')", []any{id}},
-		{"fail by another worker", "SELECT files.fail($1, 'w2', 1, 'x')", []any{id}},
-		{"fail of another attempt", "SELECT files.fail($1, 'w1', 0, 'x')", []any{id}},
-		{"release by another worker", "SELECT files.release($1, 'w2', 1)", []any{id}},
-		{"complete of an unknown row", "SELECT files.complete(-1, 'w1', 1, '{}')", nil},
+		{"complete by another worker", "SELECT files.complete($1, 'w2', 1, $2, '{}')", []any{id, rows[0].Token}},
+		{"complete of another attempt", "SELECT files.complete($1, 'w1', 2, $2, '{}')", []any{id, rows[0].Token}},
+		{"fail by another worker", "SELECT files.fail($1, 'w2', 1, $2, 'x')", []any{id, rows[0].Token}},
+		{"fail of another attempt", "SELECT files.fail($1, 'w1', 0, $2, 'x')", []any{id, rows[0].Token}},
+		{"release by another worker", "SELECT files.release($1, 'w2', 1, $2)", []any{id, rows[0].Token}},
+		{"complete of an unknown row", "SELECT files.complete(-1, 'w1', 1, $1, '{}')", []any{rows[0].Token}},
 	} {
 		if queryBool(t, pool, tc.sql, tc.args...) {
 			t.Errorf("%s: returned true", tc.name)
@@ -252,13 +253,14 @@ func TestFencing(t *testing.T) {
 	if s := queryInt(t, pool, "SELECT count(*) FROM files.workers WHERE worker_id = 'w1' AND state = 'dead'"); s != 1 {
 		t.Fatal("silent worker not declared dead")
 	}
-	if got := claim(t, pool, "w2", 1); len(got) != 1 || got[0].ID != id || got[0].Attempt != 2 {
-		t.Fatalf("reclaim after reap: %+v", got)
+	again := claim(t, pool, "w2", 1)
+	if len(again) != 1 || again[0].ID != id || again[0].Attempt != 2 {
+		t.Fatalf("reclaim after reap: %+v", again)
 	}
-	if queryBool(t, pool, "SELECT files.complete($1, 'w1', 1, '{\"from\":\"w1\"}')", id) {
+	if queryBool(t, pool, "SELECT files.complete($1, 'w1', 1, $2, '{\"from\":\"w1\"}')", id, rows[0].Token) {
 		t.Fatal("the reaped worker's complete was accepted")
 	}
-	if !queryBool(t, pool, "SELECT files.complete($1, 'w2', 2, '{\"from\":\"w2\"}')", id) {
+	if !queryBool(t, pool, "SELECT files.complete($1, 'w2', 2, $2, '{\"from\":\"w2\"}')", id, again[0].Token) {
 		t.Fatal("the new holder's complete was refused")
 	}
 	var from string
@@ -272,7 +274,7 @@ func TestFencing(t *testing.T) {
 		t.Fatalf("%d done attempts, want 1", n)
 	}
 	// A second complete of a finished row is refused too.
-	if queryBool(t, pool, "SELECT files.complete($1, 'w2', 2, '{}')", id) {
+	if queryBool(t, pool, "SELECT files.complete($1, 'w2', 2, $2, '{}')", id, again[0].Token) {
 		t.Fatal("second complete accepted")
 	}
 }
@@ -280,17 +282,17 @@ func TestFencing(t *testing.T) {
 func TestHeartbeatExtendsLeases(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	mustExec(t, pool, "SELECT files.register_worker('hb1', lease_timeout => '1 second')")
-	mustExec(t, pool, "SELECT files.register_worker('hb2', lease_timeout => '1 second')")
+	mustExec(t, pool, "SELECT files.register_worker('hb1', lease_timeout => '1 second', key => 'test-key-0123456789')")
+	mustExec(t, pool, "SELECT files.register_worker('hb2', lease_timeout => '1 second', key => 'test-key-0123456789')")
 	// The reaper is alive: when the whole fleet is silent, reap blames the
 	// database (files.fleet_heard).
-	mustExec(t, pool, "SELECT files.register_worker('hb-reaper')")
+	mustExec(t, pool, "SELECT files.register_worker('hb-reaper', key => 'test-key-0123456789')")
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b')")
 	claim(t, pool, "hb1", 1)
 	claim(t, pool, "hb2", 1)
 	// Leases run out in an hour's time at the latest: a heartbeat must bring them to now() + 1s.
 	mustExec(t, pool, "UPDATE files.files SET lease_expires_at = now() - interval '1 hour'")
-	n := queryInt(t, pool, "SELECT count(*) FROM files.heartbeat('hb1', 'hb2', 'unknown')")
+	n := queryInt(t, pool, "SELECT count(*) FROM files.heartbeat('test-key-0123456789', 'hb1', 'hb2', 'unknown')")
 	if n != 2 {
 		t.Fatalf("heartbeat returned %d held rows, want 2", n)
 	}
@@ -303,7 +305,7 @@ func TestHeartbeatExtendsLeases(t *testing.T) {
 	if n := queryInt(t, pool, "SELECT files.reap()"); n != 1 {
 		t.Fatalf("reap: %d", n)
 	}
-	if n := queryInt(t, pool, "SELECT count(*) FROM files.heartbeat('hb1')"); n != 0 {
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.heartbeat('test-key-0123456789', 'hb1')"); n != 0 {
 		t.Fatalf("reaped slot still holds %d rows", n)
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.workers WHERE worker_id = 'hb1' AND state = 'active'"); n != 1 {
@@ -325,7 +327,7 @@ func TestRetryAndDeadLetter(t *testing.T) {
 		if len(got) != 1 || got[0].Attempt != attempt {
 			t.Fatalf("attempt %d: claimed %+v", attempt, got)
 		}
-		if !queryBool(t, pool, "SELECT files.fail($1, 'w', $2, $3)", got[0].ID, attempt, fmt.Sprintf("boom %d", attempt)) {
+		if !queryBool(t, pool, "SELECT files.fail($1, 'w', $2, $3, $4)", got[0].ID, attempt, got[0].Token, fmt.Sprintf("boom %d", attempt)) {
 			t.Fatalf("attempt %d: fail refused", attempt)
 		}
 		var state string
@@ -369,7 +371,7 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	// A permanent error fails at once, whatever the budget.
 	mustExec(t, pool, "INSERT INTO files.files (source, max_attempts) VALUES ('bad', 10)")
 	got := claim(t, pool, "w9", 1)
-	if !queryBool(t, pool, "SELECT files.fail($1, 'w9', 1, 'unsupported format', retryable => false)", got[0].ID) {
+	if !queryBool(t, pool, "SELECT files.fail($1, 'w9', 1, $2, 'unsupported format', retryable => false)", got[0].ID, got[0].Token) {
 		t.Fatal("fail refused")
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE source = 'bad' AND state = 'failed'"); n != 1 {
@@ -382,10 +384,10 @@ func TestReleaseAndDeregisterKeepAttempts(t *testing.T) {
 	pool := pgtest.Pool(t)
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b')")
 	got := claim(t, pool, "w", 2)
-	if !queryBool(t, pool, "SELECT files.release($1, 'w', 1, 'shutting down')", got[0].ID) {
+	if !queryBool(t, pool, "SELECT files.release($1, 'w', 1, $2, 'shutting down')", got[0].ID, got[0].Token) {
 		t.Fatal("release refused")
 	}
-	if n := queryInt(t, pool, "SELECT files.deregister_worker('w')"); n != 1 {
+	if n := queryInt(t, pool, "SELECT files.deregister_worker('w', 'test-key-0123456789')"); n != 1 {
 		t.Fatalf("deregister released %d rows, want 1", n)
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state = 'pending' AND attempt = 0"); n != 2 {
@@ -426,7 +428,7 @@ func TestCancel(t *testing.T) {
 	if n.Payload != want {
 		t.Fatalf("control notification %q, want %q", n.Payload, want)
 	}
-	if queryBool(t, pool, "SELECT files.complete($1, 'w', 1, '{}')", got[0].ID) {
+	if queryBool(t, pool, "SELECT files.complete($1, 'w', 1, $2, '{}')", got[0].ID, got[0].Token) {
 		t.Fatal("complete of a cancelled row accepted")
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state = 'cancelled'"); n != 2 {
@@ -501,15 +503,15 @@ func TestNotify(t *testing.T) {
 	// reap counts no silence before the server's start: w's lease must be
 	// shorter than the server has been up, and a live keeper tells reap the
 	// fleet was not silent.
-	mustExec(t, pool, "SELECT files.register_worker('keeper')")
-	mustExec(t, pool, "SELECT files.register_worker('w', lease_timeout => '1 second')")
+	mustExec(t, pool, "SELECT files.register_worker('keeper', key => 'test-key-0123456789')")
+	mustExec(t, pool, "SELECT files.register_worker('w', lease_timeout => '1 second', key => 'test-key-0123456789')")
 	testutil.WaitServerUp(t, pool, time.Second)
-	expect("claim", "[]", exec("SELECT files.claim('w', ARRAY['default'], 10)"))
-	expect("complete", "[]", exec("SELECT files.complete(1, 'w', 1, '{}')"))
-	expect("claim of two queues", "[]", exec("SELECT files.claim('w', ARRAY['q1', 'q2'], 10)"))
-	expect("release", "[q1]", exec("SELECT files.release(id, worker_id, attempt) FROM files.files WHERE queue = 'q1' AND state = 'running' LIMIT 1"))
-	expect("fail with a retry later", "[]", exec("SELECT files.fail(id, worker_id, attempt, 'x') FROM files.files WHERE queue = 'q2' AND state = 'running' LIMIT 1"))
-	expect("failing one", "[]", exec("SELECT files.fail(id, worker_id, attempt, 'x', false) FROM files.files WHERE queue = 'q2' AND state = 'running' LIMIT 1"))
+	expect("claim", "[]", exec("CREATE TABLE first AS SELECT id, worker_id, attempt, claim_token FROM files.claim('w', ARRAY['default'], 10, key => 'test-key-0123456789')"))
+	expect("complete", "[]", exec("SELECT files.complete(id, worker_id, attempt, claim_token, '{}') FROM first ORDER BY id LIMIT 1"))
+	expect("claim of two queues", "[]", exec("CREATE TABLE claimed AS SELECT id, worker_id, attempt, claim_token, queue FROM files.claim('w', ARRAY['q1', 'q2'], 10, key => 'test-key-0123456789')"))
+	expect("release", "[q1]", exec("SELECT files.release(id, worker_id, attempt, claim_token) FROM claimed WHERE queue = 'q1' ORDER BY id LIMIT 1"))
+	expect("fail with a retry later", "[]", exec("SELECT files.fail(id, worker_id, attempt, claim_token, 'x') FROM claimed WHERE queue = 'q2' ORDER BY id LIMIT 1"))
+	expect("failing one", "[]", exec("SELECT files.fail(id, worker_id, attempt, claim_token, 'x', false) FROM claimed WHERE queue = 'q2' ORDER BY id OFFSET 1 LIMIT 1"))
 	expect("retry", "[q2]", exec("SELECT files.retry()"))
 	expect("reap of many rows", "[q1 q2]", func(c *pgxpool.Conn) {
 		mustExec(t, c, "UPDATE files.files SET lease_expires_at = now() - interval '1 second' WHERE state = 'running'")
@@ -552,14 +554,15 @@ func TestRoles(t *testing.T) {
 	as("pgworker_worker", func(tx pgx.Tx) {
 		var id int64
 		var attempt int
-		if err := tx.QueryRow(ctx, "SELECT id, attempt FROM files.claim('rw', NULL, 1)").Scan(&id, &attempt); err != nil {
+		var token string
+		if err := tx.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim('rw', NULL, 1, key => 'test-key-0123456789')").Scan(&id, &attempt, &token); err != nil {
 			t.Fatalf("worker claim: %v", err)
 		}
 		var ok bool
-		if err := tx.QueryRow(ctx, "SELECT files.complete($1, 'rw', $2, '{}')", id, attempt).Scan(&ok); err != nil || !ok {
+		if err := tx.QueryRow(ctx, "SELECT files.complete($1, 'rw', $2, $3, '{}')", id, attempt, token).Scan(&ok); err != nil || !ok {
 			t.Fatalf("worker complete: %v %v", ok, err)
 		}
-		mustExec(t, tx, "SELECT * FROM files.heartbeat('rw')")
+		mustExec(t, tx, "SELECT * FROM files.heartbeat('test-key-0123456789', 'rw')")
 		mustExec(t, tx, "SELECT files.reap()")
 		mustExec(t, tx, "SELECT * FROM files.active_workers")
 		mustExec(t, tx, "SELECT * FROM files.queue_stats")
@@ -579,7 +582,7 @@ func TestRoles(t *testing.T) {
 		refused(tx, "INSERT INTO files.files (source) VALUES ('x')")
 		refused(tx, "DELETE FROM files.attempts")
 		refused(tx, "UPDATE files.queues SET paused = true")
-		refused(tx, "SELECT * FROM files.claim('r')")
+		refused(tx, "SELECT * FROM files.claim('r', key => 'test-key-0123456789')")
 		refused(tx, "SELECT files.reap()")
 		refused(tx, "SELECT files.retry()")
 	})
@@ -605,10 +608,10 @@ func TestBadInput(t *testing.T) {
 		{"payload not an object", "INSERT INTO files.files (source, payload) VALUES ('a', '[1]')", "23514", "files_payload_is_object"},
 		{"empty queue", "INSERT INTO files.files (source, queue) VALUES ('a', '')", "23514", "files_queue_valid"},
 		{"unknown state", "INSERT INTO files.files (source, state) VALUES ('a', 'done?')", "23514", "files_state_valid"},
-		{"NULL worker id in claim", "SELECT * FROM files.claim(NULL)", "22004", ""},
-		{"empty worker id in claim", "SELECT * FROM files.claim('')", "22004", ""},
-		{"NULL worker id in get_unprocessed_entry_by_priority", "SELECT * FROM files.get_unprocessed_entry_by_priority(NULL)", "22004", ""},
-		{"max below 1 in claim", "SELECT * FROM files.claim('w', NULL, 0)", "22023", ""},
+		{"NULL worker id in claim", "SELECT * FROM files.claim(NULL, key => 'test-key-0123456789')", "22004", ""},
+		{"empty worker id in claim", "SELECT * FROM files.claim('', key => 'test-key-0123456789')", "22004", ""},
+		{"NULL worker id in get_unprocessed_entry_by_priority", "SELECT * FROM files.get_unprocessed_entry_by_priority(NULL, 'test-key-0123456789')", "22004", ""},
+		{"max below 1 in claim", "SELECT * FROM files.claim('w', NULL, 0, key => 'test-key-0123456789')", "22023", ""},
 		{"resume of an unknown queue", "SELECT files.resume_queue('nope')", "P0002", ""},
 	} {
 		_, err := pool.Exec(context.Background(), tc.sql)
@@ -624,15 +627,15 @@ func TestStatsViews(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	mustExec(t, pool, "SELECT files.register_worker('v1', node => 'n1', pid => 42, slot => 0)")
+	mustExec(t, pool, "SELECT files.register_worker('v1', node => 'n1', pid => 42, slot => 0, key => 'test-key-0123456789')")
 	mustExec(t, pool, "INSERT INTO files.files (source) SELECT 'o' || g FROM generate_series(1, 5) g")
 	for i, outcome := range []string{"done", "done", "failed", "running"} {
 		got := claim(t, pool, "v1", 1)
 		switch outcome {
 		case "done":
-			mustExec(t, pool, "SELECT files.complete($1, 'v1', 1, '{}', jsonb_build_object('duration_ms', $2::int))", got[0].ID, 100*(i+1))
+			mustExec(t, pool, "SELECT files.complete($1, 'v1', 1, $3, '{}', jsonb_build_object('duration_ms', $2::int))", got[0].ID, 100*(i+1), got[0].Token)
 		case "failed":
-			mustExec(t, pool, "SELECT files.fail($1, 'v1', 1, 'x', false, '{\"duration_ms\": 300}')", got[0].ID)
+			mustExec(t, pool, "SELECT files.fail($1, 'v1', 1, $2, 'x', false, '{\"duration_ms\": 300}')", got[0].ID, got[0].Token)
 		}
 	}
 	var processed, done, failed int

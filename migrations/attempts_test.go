@@ -17,19 +17,20 @@ func TestAttemptHistoryAtOutcome(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	mustExec(t, pool, "SELECT files.register_worker('keeper')") // keeps the fleet alive for reap
-	mustExec(t, pool, "SELECT files.register_worker('gone', lease_timeout => '1 second')")
+	mustExec(t, pool, "SELECT files.register_worker('keeper', key => 'test-key-0123456789')") // keeps the fleet alive for reap
+	mustExec(t, pool, "SELECT files.register_worker('gone', lease_timeout => '1 second', key => 'test-key-0123456789')")
 	mustExec(t, pool, `INSERT INTO files.files (source, priority) VALUES
 		('done', 6), ('failed', 5), ('released', 4), ('cancelled', 3), ('batch', 2), ('lost', 1)`)
-	ids := map[string]int64{}
+	ids, tokens := map[string]int64{}, map[string]string{}
 	for _, w := range []string{"done", "failed", "released", "cancelled", "batch"} {
 		var id int64
-		if err := pool.QueryRow(ctx, "SELECT id FROM files.claim($1)", w).Scan(&id); err != nil {
+		var token string
+		if err := pool.QueryRow(ctx, "SELECT id, claim_token FROM files.claim($1, key => 'test-key-0123456789')", w).Scan(&id, &token); err != nil {
 			t.Fatalf("claim for %s: %v", w, err)
 		}
-		ids[w] = id
+		ids[w], tokens[w] = id, token
 	}
-	if err := pool.QueryRow(ctx, "SELECT id FROM files.claim('gone')").Scan(new(int64)); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT id FROM files.claim('gone', key => 'test-key-0123456789')").Scan(new(int64)); err != nil {
 		t.Fatal(err)
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 0 {
@@ -37,19 +38,19 @@ func TestAttemptHistoryAtOutcome(t *testing.T) {
 	}
 	time.Sleep(10 * time.Millisecond) // finished_at must be later than started_at
 
-	if !queryBool(t, pool, `SELECT files.complete($1, 'done', 1, '{"k":1}', '{"exit_code":0,"duration_ms":2.5,"stderr_tail":"ok"}')`, ids["done"]) {
+	if !queryBool(t, pool, `SELECT files.complete($1, 'done', 1, $2, '{"k":1}', '{"exit_code":0,"duration_ms":2.5,"stderr_tail":"ok"}')`, ids["done"], tokens["done"]) {
 		t.Fatal("complete refused")
 	}
-	if !queryBool(t, pool, `SELECT files.fail($1, 'failed', 1, 'boom', true, '{"exit_code":3}')`, ids["failed"]) {
+	if !queryBool(t, pool, `SELECT files.fail($1, 'failed', 1, $2, 'boom', true, '{"exit_code":3}')`, ids["failed"], tokens["failed"]) {
 		t.Fatal("fail refused")
 	}
-	if !queryBool(t, pool, "SELECT files.release($1, 'released', 1, 'shutting down')", ids["released"]) {
+	if !queryBool(t, pool, "SELECT files.release($1, 'released', 1, $2, 'shutting down')", ids["released"], tokens["released"]) {
 		t.Fatal("release refused")
 	}
 	if n := queryInt(t, pool, "SELECT files.cancel($1)", ids["cancelled"]); n != 1 {
 		t.Fatalf("cancel took %d rows", n)
 	}
-	if n := queryInt(t, pool, "SELECT count(*) FROM files.complete_many(ARRAY[$1::bigint, $1], ARRAY['batch', 'batch'], ARRAY[1, 1])", ids["batch"]); n != 1 {
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.complete_many(ARRAY[$1::bigint, $1], ARRAY['batch', 'batch'], ARRAY[1, 1], ARRAY[$2, $2])", ids["batch"], tokens["batch"]); n != 1 {
 		t.Fatalf("complete_many with an id given twice recorded %d rows, want 1", n)
 	}
 	mustExec(t, pool, "UPDATE files.workers SET last_heartbeat_at = now() - interval '1 minute' WHERE worker_id = 'gone'")
@@ -102,13 +103,15 @@ func TestAttemptHistoryAtOutcome(t *testing.T) {
 			t.Errorf("history of %s:\n got %+v\nwant %+v", want[i].source, got[i], want[i])
 		}
 	}
-	var duration, output, tail string
-	if err := pool.QueryRow(ctx, "SELECT duration::text, output::text, stderr_tail FROM files.attempts WHERE file_id = $1",
-		ids["done"]).Scan(&duration, &output, &tail); err != nil {
+	// The completing attempt's output is stored once: as its row's result.
+	var duration, output, result, tail string
+	if err := pool.QueryRow(ctx, `SELECT a.duration::text, coalesce(a.output::text, 'NULL'), f.result::text, a.stderr_tail
+		FROM files.attempts a JOIN files.files f ON f.id = a.file_id WHERE a.file_id = $1`,
+		ids["done"]).Scan(&duration, &output, &result, &tail); err != nil {
 		t.Fatal(err)
 	}
-	if duration != "00:00:00.0025" || output != `{"k": 1}` || tail != "ok" {
-		t.Fatalf("done attempt's report: duration %s, output %s, stderr tail %q", duration, output, tail)
+	if duration != "00:00:00.0025" || output != "NULL" || result != `{"k": 1}` || tail != "ok" {
+		t.Fatalf("done attempt's report: duration %s, output %s, result %s, stderr tail %q", duration, output, result, tail)
 	}
 }
 
@@ -132,20 +135,20 @@ func TestCompleteManyGenericPlan(t *testing.T) {
 		slots[i] = fmt.Sprintf("w%d", i+1)
 	}
 	for round := range 3 {
-		ids, workers, attempts := claimBatch(t, conn, slots)
+		ids, workers, attempts, tokens := claimBatch(t, conn, slots)
 		if len(ids) != 1000 {
 			t.Fatalf("round %d: claimed %d rows, want 1000", round, len(ids))
 		}
 		// One stale element: the fence refuses it, the others go through.
 		attempts[0]++
 		var n int
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3)", ids, workers, attempts).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3, $4)", ids, workers, attempts, tokens).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n != 999 {
 			t.Fatalf("round %d: complete_many recorded %d rows, want 999", round, n)
 		}
-		mustExec(t, conn, "SELECT files.release($1, $2, $3)", ids[0], workers[0], attempts[0]-1)
+		mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", ids[0], workers[0], attempts[0]-1, tokens[0])
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 2997 {
 		t.Fatalf("%d done attempts, want 2997", n)
@@ -153,10 +156,11 @@ func TestCompleteManyGenericPlan(t *testing.T) {
 }
 
 // claimBatch claims a row for each of slots through files.claim_batch and
-// returns the rows as complete_many takes them: ids, worker ids, attempts.
-func claimBatch(tb testing.TB, conn *pgxpool.Conn, slots []string) (ids []int64, workers []string, attempts []int32) {
+// returns the rows as complete_many takes them: ids, worker ids, attempts,
+// claim tokens.
+func claimBatch(tb testing.TB, conn *pgxpool.Conn, slots []string) (ids []int64, workers []string, attempts []int32, tokens []string) {
 	tb.Helper()
-	rows, err := conn.Query(context.Background(), "SELECT id, worker_id, attempt FROM files.claim_batch($1)", slots)
+	rows, err := conn.Query(context.Background(), "SELECT id, worker_id, attempt, claim_token FROM files.claim_batch($1, key => 'test-key-0123456789')", slots)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -165,15 +169,16 @@ func claimBatch(tb testing.TB, conn *pgxpool.Conn, slots []string) (ids []int64,
 		var id int64
 		var w string
 		var a int32
-		if err := rows.Scan(&id, &w, &a); err != nil {
+		var k string
+		if err := rows.Scan(&id, &w, &a, &k); err != nil {
 			tb.Fatal(err)
 		}
-		ids, workers, attempts = append(ids, id), append(workers, w), append(attempts, a)
+		ids, workers, attempts, tokens = append(ids, id), append(workers, w), append(attempts, a), append(tokens, k)
 	}
 	if err := rows.Err(); err != nil {
 		tb.Fatal(err)
 	}
-	return ids, workers, attempts
+	return ids, workers, attempts, tokens
 }
 
 // Deleting files deletes their attempts, in one statement, whoever deletes
@@ -188,9 +193,9 @@ func TestDeletedFilesTakeTheirAttempts(t *testing.T) {
 		mustExec(t, pool, "INSERT INTO files.files (source, max_attempts) SELECT 'f' || g, 2 FROM generate_series(1, 6) g")
 		// Two attempts for each row: a retryable failure, then done.
 		for range 2 {
-			mustExec(t, pool, `SELECT CASE WHEN c.attempt = 1 THEN files.fail(c.id, c.worker_id, c.attempt, 'flaky')
-			                               ELSE files.complete(c.id, c.worker_id, c.attempt) END
-			                   FROM files.claim('w', NULL, 6) c`)
+			mustExec(t, pool, `SELECT CASE WHEN c.attempt = 1 THEN files.fail(c.id, c.worker_id, c.attempt, c.claim_token, 'flaky')
+			                               ELSE files.complete(c.id, c.worker_id, c.attempt, c.claim_token) END
+			                   FROM files.claim('w', NULL, 6, key => 'test-key-0123456789') c`)
 			mustExec(t, pool, "UPDATE files.files SET run_after = now() WHERE state = 'pending'")
 		}
 		if n := queryInt(t, pool, "SELECT count(*) FROM files.attempts"); n != 12 {

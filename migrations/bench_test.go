@@ -32,8 +32,8 @@ func BenchmarkCompleteMany(b *testing.B) {
 				}
 				b.ResetTimer()
 				for range b.N {
-					ids, held, attempts := claimBatch(b, conn, workers)
-					if _, err := conn.Exec(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3)", ids, held, attempts); err != nil {
+					ids, held, attempts, tokens := claimBatch(b, conn, workers)
+					if _, err := conn.Exec(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3, $4)", ids, held, attempts, tokens); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -256,9 +256,9 @@ func TestOpsScripts(t *testing.T) {
 	url := pgtest.URL(t)
 	pool := pgtest.PoolFor(t, url)
 	mustExec(t, pool, "INSERT INTO files.files (source, max_attempts) SELECT 'o' || g, 1 FROM generate_series(1, 10) g")
-	mustExec(t, pool, "SELECT files.fail(id, worker_id, attempt, 'bad input') FROM files.claim('ops', NULL, 3)")
-	mustExec(t, pool, "SELECT files.complete(id, worker_id, attempt, '{}') FROM files.claim('ops', NULL, 3)")
-	mustExec(t, pool, "SELECT count(*) FROM files.claim('ops', NULL, 2)")
+	mustExec(t, pool, "SELECT files.fail(id, worker_id, attempt, claim_token, 'bad input') FROM files.claim('ops', NULL, 3, key => 'test-key-0123456789')")
+	mustExec(t, pool, "SELECT files.complete(id, worker_id, attempt, claim_token, '{}') FROM files.claim('ops', NULL, 3, key => 'test-key-0123456789')")
+	mustExec(t, pool, "SELECT count(*) FROM files.claim('ops', NULL, 2, key => 'test-key-0123456789')")
 
 	scripts, err := filepath.Glob("../sql/ops/*.sql")
 	if err != nil || len(scripts) < 5 {

@@ -15,8 +15,8 @@ import (
 func TestReapAfterFleetSilence(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	mustExec(t, pool, "SELECT files.register_worker('a', lease_timeout => '10 seconds')")
-	mustExec(t, pool, "SELECT files.register_worker('b', lease_timeout => '10 seconds')")
+	mustExec(t, pool, "SELECT files.register_worker('a', lease_timeout => '10 seconds', key => 'test-key-0123456789')")
+	mustExec(t, pool, "SELECT files.register_worker('b', lease_timeout => '10 seconds', key => 'test-key-0123456789')")
 	testutil.WaitServerUp(t, pool, 10*time.Second)
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('x')")
 	if got := claim(t, pool, "a", 1); len(got) != 1 {
@@ -37,7 +37,7 @@ func TestReapAfterFleetSilence(t *testing.T) {
 		t.Fatalf("%d slots active after the reap, want 2", n)
 	}
 	// b comes back; a does not: it is silent only since the fleet was heard.
-	mustExec(t, pool, "SELECT * FROM files.heartbeat('b')")
+	mustExec(t, pool, "SELECT * FROM files.heartbeat('test-key-0123456789', 'b')")
 	if n := queryInt(t, pool, "SELECT files.reap()"); n != 0 {
 		t.Fatalf("a reap within a lease of the outage's end took %d rows", n)
 	}
@@ -55,7 +55,7 @@ func TestReapAfterFleetSilence(t *testing.T) {
 		t.Fatalf("claimed %d rows", len(got))
 	}
 	silence()
-	mustExec(t, pool, "SELECT * FROM files.heartbeat('c')")
+	mustExec(t, pool, "SELECT * FROM files.heartbeat('test-key-0123456789', 'c')")
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.reap_state WHERE fleet_resumed_at > now() - interval '1 minute'"); n != 1 {
 		t.Fatal("a heartbeat after the fleet's silence was not noted")
 	}

@@ -63,12 +63,13 @@ func TestHotPathPlans(t *testing.T) {
 		var id int64
 		var worker string
 		var attempt int32
-		if err := conn.QueryRow(ctx, "/* test */ SELECT id, worker_id, attempt FROM files.claim('a:1')").
-			Scan(&id, &worker, &attempt); err != nil {
+		var token string
+		if err := conn.QueryRow(ctx, "/* test */ SELECT id, worker_id, attempt, claim_token FROM files.claim('a:1', key => 'test-key-0123456789')").
+			Scan(&id, &worker, &attempt, &token); err != nil {
 			t.Fatalf("claim %d: %v", i, err)
 		}
 		var done bool
-		if err := conn.QueryRow(ctx, "/* test */ SELECT files.complete($1, $2, $3)", id, worker, attempt).Scan(&done); err != nil || !done {
+		if err := conn.QueryRow(ctx, "/* test */ SELECT files.complete($1, $2, $3, $4)", id, worker, attempt, token).Scan(&done); err != nil || !done {
 			t.Fatalf("complete %d: %v, %v", i, done, err)
 		}
 	}

@@ -76,7 +76,7 @@ func wantHint(t *testing.T, got map[string]string, queue, want string) {
 // registerProcess registers the slots of one worker process.
 func registerProcess(t *testing.T, pool *pgxpool.Pool, node string, pid, slots int) {
 	t.Helper()
-	mustExec(t, pool, "SELECT files.register_worker($1 || ':' || $2::int || ':' || g, $1, $2::int, g) FROM generate_series(0, $3::int - 1) g",
+	mustExec(t, pool, "SELECT files.register_worker($1 || ':' || $2::int || ':' || g, $1, $2::int, g, key => 'test-key-0123456789') FROM generate_series(0, $3::int - 1) g",
 		node, pid, slots)
 }
 
@@ -84,7 +84,7 @@ func registerProcess(t *testing.T, pool *pgxpool.Pool, node string, pid, slots i
 // exactly d (claim to outcome), by slot worker.
 func attemptsOf(t *testing.T, pool *pgxpool.Pool, worker, queue string, n int, d string) {
 	t.Helper()
-	mustExec(t, pool, `SELECT files.complete(c.id, c.worker_id, c.attempt, '{}') FROM files.claim($1, ARRAY[$2], $3) c`, worker, queue, n)
+	mustExec(t, pool, `SELECT files.complete(c.id, c.worker_id, c.attempt, c.claim_token, '{}') FROM files.claim($1, ARRAY[$2], $3, key => 'test-key-0123456789') c`, worker, queue, n)
 	mustExec(t, pool, `UPDATE files.attempts a SET started_at = a.finished_at - $2::interval
 		FROM files.files f WHERE f.id = a.file_id AND f.queue = $1 AND a.outcome = 'done'`, queue, d)
 }
@@ -114,7 +114,7 @@ func TestScalingHintMath(t *testing.T) {
 	wantHint(t, got, "", "pending=100 scheduled=0 running=0 attempts=20 mean_ms=2000 nodes=2 slots=8 spn=4.00 needed=5 desired=7 per_instance=50.00 target=20.00")
 
 	// One more row needs a sixth node; a running row counts as outstanding.
-	mustExec(t, pool, "SELECT count(*) FROM files.claim('n2:102:0', ARRAY['a'], 1)")
+	mustExec(t, pool, "SELECT count(*) FROM files.claim('n2:102:0', ARRAY['a'], 1, key => 'test-key-0123456789')")
 	mustExec(t, pool, "INSERT INTO files.files (queue, source) VALUES ('a', 'extra')")
 	got = hint(t, pool, "SELECT * FROM files.scaling_hint(target_drain => '10 seconds')")
 	wantHint(t, got, "", "pending=100 scheduled=0 running=1 attempts=20 mean_ms=2000 nodes=2 slots=8 spn=4.00 needed=6 desired=6 per_instance=50.50 target=20.00")
@@ -139,14 +139,14 @@ func TestScalingHintQueues(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	registerProcess(t, pool, "n1", 101, 4)
-	mustExec(t, pool, "SELECT files.register_worker('n2:102:' || g, 'n2', 102, g, queues => ARRAY['b']) FROM generate_series(0, 1) g")
+	mustExec(t, pool, "SELECT files.register_worker('n2:102:' || g, 'n2', 102, g, queues => ARRAY['b'], key => 'test-key-0123456789') FROM generate_series(0, 1) g")
 	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'a', 'a' || g FROM generate_series(1, 50) g")
 	attemptsOf(t, pool, "n1:101:0", "a", 10, "3 seconds")
 	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'b', 'b' || g FROM generate_series(1, 20) g")
 	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'c', 'c' || g FROM generate_series(1, 30) g")
-	mustExec(t, pool, "SELECT count(*) FROM files.claim('n1:101:1', ARRAY['c'], 1)")
+	mustExec(t, pool, "SELECT count(*) FROM files.claim('n1:101:1', ARRAY['c'], 1, key => 'test-key-0123456789')")
 	mustExec(t, pool, "SELECT files.pause_queue('c')")
-	mustExec(t, pool, "SELECT files.fail(c.id, c.worker_id, c.attempt, 'flaky') FROM files.claim('n2:102:0', ARRAY['b'], 1) c")
+	mustExec(t, pool, "SELECT files.fail(c.id, c.worker_id, c.attempt, c.claim_token, 'flaky') FROM files.claim('n2:102:0', ARRAY['b'], 1, key => 'test-key-0123456789') c")
 	mustExec(t, pool, "UPDATE files.attempts SET started_at = finished_at - interval '3 seconds' WHERE outcome = 'failed'")
 
 	got := hint(t, pool, "SELECT * FROM files.scaling_hint(target_drain => '30 seconds')")
@@ -232,16 +232,17 @@ func TestScalingHintScaleIn(t *testing.T) {
 	// The autoscaler stops n2 while it runs a row: n2 drains.
 	var id int64
 	var attempt int
-	if err := pool.QueryRow(ctx, "SELECT id, attempt FROM files.claim('n2:102:0')").Scan(&id, &attempt); err != nil {
+	var token string
+	if err := pool.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim('n2:102:0', key => 'test-key-0123456789')").Scan(&id, &attempt, &token); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, pool, "SELECT files.drain_worker('n2:102:0', 'n2:102:1')")
+	mustExec(t, pool, "SELECT files.drain_worker('test-key-0123456789', 'n2:102:0', 'n2:102:1')")
 	got = hint(t, pool, "SELECT * FROM files.scaling_hint")
 	wantHint(t, got, "", "pending=5 scheduled=0 running=1 attempts=4 mean_ms=1000 nodes=1 slots=2 spn=2.00 needed=1 desired=1 per_instance=6.00 target=8.00")
 
 	// The draining slot finishes its row, the rest is done elsewhere.
-	mustExec(t, pool, "SELECT files.complete($1, 'n2:102:0', $2, '{}')", id, attempt)
-	mustExec(t, pool, "SELECT files.deregister_worker('n2:102:' || g) FROM generate_series(0, 1) g")
+	mustExec(t, pool, "SELECT files.complete($1, 'n2:102:0', $2, $3, '{}')", id, attempt, token)
+	mustExec(t, pool, "SELECT files.deregister_worker('n2:102:' || g, 'test-key-0123456789') FROM generate_series(0, 1) g")
 	attemptsOf(t, pool, "n1:101:1", "default", 5, "1 second")
 	got = hint(t, pool, "SELECT * FROM files.scaling_hint")
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state <> 'done'"); n != 0 {

@@ -9,16 +9,20 @@ import (
 	"github.com/pgworker/pgworker/internal/retry"
 )
 
-// heartbeatLoop sends one heartbeat statement per interval for all the slots.
+// heartbeatLoop sends one heartbeat statement per interval for all the
+// slots, and one more when a cancellation hint asks for it.
 func (w *Worker) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(w.heartbeat)
 	defer t.Stop()
 	var down time.Time
 	for {
+		hinted := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.beatNow:
+			hinted = true
 		}
 		err := w.beat(ctx)
 		for n := 1; n <= 10 && claim.RaceLost(err); n++ {
@@ -48,7 +52,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 			w.logger.Info("worker: heartbeats recovered", "down_for", time.Since(down).Round(time.Millisecond))
 			down = time.Time{}
 		}
-		if err == nil && w.maxSlots > w.minSlots {
+		if err == nil && !hinted && w.maxSlots > w.minSlots {
 			w.scale(ctx)
 		}
 	}
@@ -62,7 +66,7 @@ func (w *Worker) beat(ctx context.Context) error {
 	// A slow heartbeat is fine as long as it lands well within the lease.
 	qctx, cancel := context.WithTimeout(ctx, w.lease/2)
 	defer cancel()
-	rows, err := w.pool.Query(qctx, sqlHeartbeat, w.WorkerIDs())
+	rows, err := w.pool.Query(qctx, sqlHeartbeat, w.key, w.WorkerIDs())
 	if err != nil {
 		return err
 	}
@@ -85,6 +89,10 @@ func (w *Worker) beat(ctx context.Context) error {
 	w.mu.Lock()
 	for id, t := range w.running {
 		h, ok := held[id]
+		at, hinted := w.hinted[id]
+		if hinted && at.Before(sent) {
+			delete(w.hinted, id) // this answer is the database's word on the hint
+		}
 		if ok && h.workerID == t.row.WorkerID && int(h.attempt) == t.row.Attempt {
 			delete(held, id)
 			continue
@@ -93,6 +101,15 @@ func (w *Worker) beat(ctx context.Context) error {
 		// missing legitimately, and one whose handler returned is settled by
 		// its fenced call.
 		if t.received.After(sent) || t.finishing || t.gone != nil {
+			continue
+		}
+		if hinted {
+			// Cancelled (or lost at the same moment): either way it is not ours.
+			t.gone = ErrCancelled
+			t.cancel(ErrCancelled)
+			w.cancelled.Add(1)
+			w.logger.Info("worker: row cancelled by an operator; stopping its handler", "file_id", id,
+				"worker_id", t.row.WorkerID)
 			continue
 		}
 		t.gone = ErrLeaseLost
@@ -124,7 +141,8 @@ func (w *Worker) beat(ctx context.Context) error {
 
 	for _, h := range orphans {
 		var ok bool
-		err := w.pool.QueryRow(qctx, sqlRelease, h.fileID, h.workerID, h.attempt, "not known to its worker").Scan(&ok)
+		// Its claim token never arrived: the slot's key releases it.
+		err := w.pool.QueryRow(qctx, sqlRelease, h.fileID, h.workerID, h.attempt, w.key, "not known to its worker").Scan(&ok)
 		if err != nil {
 			return err
 		}

@@ -266,7 +266,7 @@ func (w *Worker) release(t *task, reason string) recorded {
 		}
 		qctx, cancel := context.WithTimeout(ctx, w.lease)
 		var ok bool
-		err := w.pool.QueryRow(qctx, sqlRelease, t.row.ID, t.row.WorkerID, t.row.Attempt, reason).Scan(&ok)
+		err := w.pool.QueryRow(qctx, sqlRelease, t.row.ID, t.row.WorkerID, t.row.Attempt, t.row.Token, reason).Scan(&ok)
 		cancel()
 		switch {
 		case err == nil && ok:
@@ -410,18 +410,18 @@ func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bo
 		o := obs[0]
 		var took bool
 		if err := w.pool.QueryRow(ctx, sqlCompleteOne, o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt),
-			o.result, o.report).Scan(&took); err != nil {
+			o.t.row.Token, o.result, o.report).Scan(&took); err != nil {
 			return nil, err
 		}
 		return map[int64]bool{o.t.row.ID: took}, nil
 	}
-	ids, wids, attempts := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs))
+	ids, wids, attempts, tokens := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs)), make([]string, len(obs))
 	results, reports := make([]*string, len(obs)), make([]*string, len(obs))
 	for i, o := range obs {
-		ids[i], wids[i], attempts[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt)
+		ids[i], wids[i], attempts[i], tokens[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt), o.t.row.Token
 		results[i], reports[i] = o.result, o.report
 	}
-	rows, err := w.pool.Query(ctx, sqlComplete, ids, wids, attempts, results, reports)
+	rows, err := w.pool.Query(ctx, sqlComplete, ids, wids, attempts, tokens, results, reports)
 	if err != nil {
 		return nil, err
 	}
@@ -438,13 +438,13 @@ func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bo
 }
 
 func (w *Worker) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
-	ids, wids, attempts := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs))
+	ids, wids, attempts, tokens := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs)), make([]string, len(obs))
 	errs, retry, reports := make([]string, len(obs)), make([]bool, len(obs)), make([]*string, len(obs))
 	for i, o := range obs {
-		ids[i], wids[i], attempts[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt)
+		ids[i], wids[i], attempts[i], tokens[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt), o.t.row.Token
 		errs[i], retry[i], reports[i] = o.message, o.retryable, o.report
 	}
-	rows, err := w.pool.Query(ctx, sqlFail, ids, wids, attempts, errs, retry, reports)
+	rows, err := w.pool.Query(ctx, sqlFail, ids, wids, attempts, tokens, errs, retry, reports)
 	if err != nil {
 		return nil, err
 	}

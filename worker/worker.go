@@ -40,6 +40,7 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,15 +63,15 @@ import (
 
 // The statements the runtime sends: calls of the SQL API only.
 const (
-	sqlRegister    = `SELECT files.register_worker($1, $2, $3::integer, $4::integer, $5, $6::text[], $7::interval)`
-	sqlDeregister  = `SELECT files.deregister_worker($1)`
-	sqlDrain       = `SELECT files.drain_worker(VARIADIC $1::text[])`
-	sqlHeartbeat   = `SELECT worker_id, file_id, attempt FROM files.heartbeat(VARIADIC $1::text[])`
+	sqlRegister    = `SELECT files.register_worker($1, $2, $3::integer, $4::integer, $5, $6::text[], $7::interval, $8)`
+	sqlDeregister  = `SELECT files.deregister_worker($1, $2)`
+	sqlDrain       = `SELECT files.drain_worker($1, VARIADIC $2::text[])`
+	sqlHeartbeat   = `SELECT worker_id, file_id, attempt FROM files.heartbeat($1, VARIADIC $2::text[])`
 	sqlReap        = `SELECT files.reap()`
-	sqlRelease     = `SELECT files.release($1::bigint, $2, $3::integer, $4)`
-	sqlComplete    = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::jsonb[], $5::jsonb[])`
-	sqlCompleteOne = `SELECT files.complete($1::bigint, $2, $3::integer, $4::jsonb, $5::jsonb)`
-	sqlFail        = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::boolean[], $6::jsonb[])`
+	sqlRelease     = `SELECT files.release($1::bigint, $2, $3::integer, $4, $5)`
+	sqlComplete    = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::jsonb[])`
+	sqlCompleteOne = `SELECT files.complete($1::bigint, $2, $3::integer, $4, $5::jsonb, $6::jsonb)`
+	sqlFail        = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::boolean[], $7::jsonb[])`
 )
 
 // Defaults of Config.HeartbeatInterval and Config.LeaseTimeout. A slot that
@@ -212,6 +213,7 @@ type Worker struct {
 	maxSlots    int
 	threshold   float64
 	prefix      string
+	key         string // the slots' key: proves them ours to the SQL API
 	timeout     time.Duration
 	heartbeat   time.Duration
 	lease       time.Duration
@@ -253,13 +255,15 @@ type Worker struct {
 	mu        sync.Mutex
 	ids       []string // the slots, in slot order
 	nextSlot  int
-	above     int             // consecutive scaling checks above the threshold
-	below     int             // consecutive scaling checks below half of it
-	running   map[int64]*task // rows claimed and not yet settled
-	busy      int             // handlers running
-	unsettled chan struct{}   // a token per slot freed before its outcome was recorded
-	suspects  map[heldRow]int // held in the database, unknown here
-	releases  map[int64]int   // rows released by Release, in a row
+	above     int                 // consecutive scaling checks above the threshold
+	below     int                 // consecutive scaling checks below half of it
+	running   map[int64]*task     // rows claimed and not yet settled
+	busy      int                 // handlers running
+	unsettled chan struct{}       // a token per slot freed before its outcome was recorded
+	suspects  map[heldRow]int     // held in the database, unknown here
+	hinted    map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
+	beatNow   chan struct{}       // a hint asks for a heartbeat before the next tick
+	releases  map[int64]int       // rows released by Release, in a row
 
 	done, failed, released, lost, cancelled, leaseLosses, orphans, reaped atomic.Uint64
 	heartbeats, heartbeatErrors                                           atomic.Uint64
@@ -318,6 +322,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		recordBell:  make(chan struct{}, 1),
 		running:     map[int64]*task{},
 		suspects:    map[heldRow]int{},
+		hinted:      map[int64]time.Time{},
+		beatNow:     make(chan struct{}, 1),
 		releases:    map[int64]int{},
 	}
 	if w.logger == nil {
@@ -356,6 +362,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 			w.prefix += "-" + strconv.FormatInt(n, 10)
 		}
 	}
+	w.key = rand.Text()
 	w.ids = w.newIDs(w.minSlots)
 	w.unsettled = make(chan struct{}, w.maxSlots)
 	return w, nil
@@ -407,6 +414,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.claimer = claim.New(w.pool, &claim.Config{
 		Queues:    w.queues,
 		Idle:      w.WorkerIDs(),
+		Key:       w.key,
 		Doorbell:  w.sub.Doorbell(),
 		SafetyNet: w.safetyNet,
 		Logger:    w.logger,
@@ -464,7 +472,7 @@ func (w *Worker) register(ctx context.Context, ids []string) error {
 	lease := pgtype.Interval{Microseconds: w.lease.Microseconds(), Valid: true}
 	for _, id := range ids {
 		slot, _ := strconv.Atoi(id[strings.LastIndexByte(id, ':')+1:])
-		b.Queue(sqlRegister, id, w.node, pid, slot, w.version, w.queues, lease)
+		b.Queue(sqlRegister, id, w.node, pid, slot, w.version, w.queues, lease, w.key)
 	}
 	if err := w.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("worker: register slots: %w", err)
@@ -476,7 +484,7 @@ func (w *Worker) register(ctx context.Context, ids []string) error {
 func (w *Worker) deregister(ctx context.Context, ids []string) {
 	b := &pgx.Batch{}
 	for _, id := range ids {
-		b.Queue(sqlDeregister, id)
+		b.Queue(sqlDeregister, id, w.key)
 	}
 	if err := w.pool.SendBatch(ctx, b).Close(); err != nil {
 		w.logger.Warn("worker: deregister slots; files.reap will return their rows", "error", err)
@@ -519,7 +527,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	<-w.claimDone
 	close(w.handoff) // no row comes any more
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.lease)
-	if _, err := w.pool.Exec(dctx, sqlDrain, w.WorkerIDs()); err != nil {
+	if _, err := w.pool.Exec(dctx, sqlDrain, w.key, w.WorkerIDs()); err != nil {
 		w.logger.Debug("worker: mark slots draining", "error", err)
 	}
 	cancel()
@@ -729,6 +737,7 @@ func (w *Worker) forget(t *task) {
 	w.mu.Lock()
 	if w.running[t.row.ID] == t {
 		delete(w.running, t.row.ID)
+		delete(w.hinted, t.row.ID)
 	}
 	if !t.finishing {
 		t.finishing = true
@@ -738,19 +747,25 @@ func (w *Worker) forget(t *task) {
 	t.cancel(nil)
 }
 
-// onControl handles files_control messages: a cancelled running row stops.
+// onControl handles files_control messages. Any role that can connect can
+// send one, so a message is only a hint: a cancellation hint for a row
+// running here asks for a heartbeat at once, and the row stops only if the
+// database no longer shows it held (files.cancel, which only pgworker_admin
+// may call, took it).
 func (w *Worker) onControl(c listener.Control) {
 	if c.Op != "cancel" {
 		return
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	t := w.running[c.FileID]
 	if t == nil || t.row.WorkerID != c.WorkerID || t.gone != nil {
+		w.mu.Unlock()
 		return
 	}
-	t.gone = ErrCancelled
-	t.cancel(ErrCancelled)
-	w.cancelled.Add(1)
-	w.logger.Info("worker: row cancelled by an operator; stopping its handler", "file_id", t.row.ID, "worker_id", c.WorkerID)
+	w.hinted[c.FileID] = time.Now()
+	w.mu.Unlock()
+	select {
+	case w.beatNow <- struct{}{}:
+	default: // a heartbeat is asked for already
+	}
 }
