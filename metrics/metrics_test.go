@@ -38,7 +38,8 @@ type stack struct {
 	pool *pgxpool.Pool
 	w    *worker.Worker
 	m    *metrics.Metrics
-	base string // http://127.0.0.1:PORT
+	base string            // http://127.0.0.1:PORT
+	ends chan worker.Event // the rows' end events, once m has counted them
 }
 
 func newStack(t *testing.T, cfg *metrics.Config) *stack {
@@ -54,14 +55,34 @@ func newStack(t *testing.T, cfg *metrics.Config) *stack {
 			t.Errorf("stop server: %v", err)
 		}
 	})
+	ends := make(chan worker.Event, 1000)
+	after := worker.ObserverFunc(func(e worker.Event) {
+		if e.Kind != worker.RowStarted {
+			ends <- e
+		}
+	})
 	w, err := worker.New(pool, &worker.Config{
-		Handler: handler, Slots: 4, Observer: m, SafetyNet: time.Hour,
+		Handler: handler, Slots: 4, Observer: worker.Observers(m, after), SafetyNet: time.Hour,
 		HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &stack{pool: pool, w: w, m: m, base: "http://" + srv.Addr()}
+	return &stack{pool: pool, w: w, m: m, base: "http://" + srv.Addr(), ends: ends}
+}
+
+// awaitEnds waits until n rows have ended and the metrics have counted them.
+func (s *stack) awaitEnds(t *testing.T, n int) {
+	t.Helper()
+	timeout := time.NewTimer(patience)
+	defer timeout.Stop()
+	for i := range n {
+		select {
+		case <-s.ends:
+		case <-timeout.C:
+			t.Fatalf("%d of %d rows ended", i, n)
+		}
+	}
 }
 
 func (s *stack) start(t *testing.T) {
@@ -158,9 +179,13 @@ func (m samples) want(t *testing.T, key string, want float64) {
 	}
 }
 
+// patience bounds every wait for something that must happen: long enough
+// for a machine loaded by other suites, so that only a defect times out.
+const patience = 2 * time.Minute
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(patience)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -207,7 +232,11 @@ func TestScrapeFollowsTheWork(t *testing.T) {
 
 	s.exec(t, "INSERT INTO files.files (source) SELECT 'ok-' || g FROM generate_series(1, 5) g")
 	s.exec(t, "INSERT INTO files.files (source, queue) VALUES ('bad-1', 'default'), ('bad-2', 'other')")
-	waitFor(t, "the rows to end", func() bool { st := s.w.Stats(); return st.Done == 5 && st.Failed == 2 && st.BusySlots == 0 })
+	s.awaitEnds(t, 7)
+	// The heartbeat counter moves once per interval, however fast the rows
+	// went: wait for one after the first scrape.
+	beats := uint64(before.value(t, "pgworker_heartbeats_total"))
+	waitFor(t, "a heartbeat after the first scrape", func() bool { return s.w.Stats().Heartbeats > beats })
 
 	after := s.scrape(t)
 	after.want(t, `pgworker_rows_claimed_total{queue="default"}`, 6)
