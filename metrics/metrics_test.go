@@ -45,6 +45,12 @@ type stack struct {
 func newStack(t *testing.T, cfg *metrics.Config) *stack {
 	t.Helper()
 	pool := pgtest.Pool(t)
+	if cfg == nil {
+		cfg = &metrics.Config{}
+	}
+	if cfg.QueryTimeout == 0 {
+		cfg.QueryTimeout = patience // a loaded machine's slow read is not an error
+	}
 	m := metrics.New(pool, cfg)
 	srv := metrics.NewServer(m.Handler(), &metrics.ServerConfig{Addr: "127.0.0.1:0"})
 	if err := srv.Start(context.Background()); err != nil {
@@ -63,7 +69,7 @@ func newStack(t *testing.T, cfg *metrics.Config) *stack {
 	})
 	w, err := worker.New(pool, &worker.Config{
 		Handler: handler, Slots: 4, Observer: worker.Observers(m, after), SafetyNet: time.Hour,
-		HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: 5 * time.Second,
+		HeartbeatInterval: 100 * time.Millisecond, LeaseTimeout: 30 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +115,7 @@ func (s *stack) exec(t *testing.T, sql string, args ...any) {
 }
 
 // client keeps no idle connections, which would outlive the tests.
-var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: patience}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
