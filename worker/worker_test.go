@@ -428,6 +428,15 @@ func TestOneInsertCostsOneClaimPerProcess(t *testing.T) {
 		}
 		return n
 	}
+	// A listener that reconnects rings its doorbells, which costs a claim:
+	// a loaded machine can make one miss its ping.
+	reconnects := func() uint64 {
+		var n uint64
+		for _, w := range ws {
+			n += w.Stats().ListenerReconnects
+		}
+		return n
+	}
 	serverClaims := func() uint64 {
 		var n int64
 		err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions
@@ -444,17 +453,18 @@ func TestOneInsertCostsOneClaimPerProcess(t *testing.T) {
 	// server has counted every claim the workers made.
 	before := clientClaims()
 	waitFor(t, "the server's count to catch up", func() bool { return serverClaims() >= before })
-	base := serverClaims()
+	base, reconnected := serverClaims(), reconnects()
 
 	insert(t, admin, 1)
 	waitFor(t, "the row to be handled", func() bool { return handled.Load() == 1 })
 	waitCount(t, admin, 1, "SELECT count(*) FROM files.files WHERE state = 'done'")
 	after := clientClaims()
 	waitFor(t, "the server's count to catch up", func() bool { return serverClaims() >= after })
-	got := serverClaims() - base
-	t.Logf("one insert, 1,000 idle slots in 10 processes: %d claim queries (server count), %d (client count)", got, after-before)
-	if got > 10 || got == 0 {
-		t.Fatalf("one insert cost %d claim queries, want 1 to 10", got)
+	got, extra := serverClaims()-base, reconnects()-reconnected
+	t.Logf("one insert, 1,000 idle slots in 10 processes: %d claim queries (server count), %d (client count), %d listener reconnects",
+		got, after-before, extra)
+	if got > 10+extra || got == 0 {
+		t.Fatalf("one insert cost %d claim queries with %d listener reconnects, want 1 to %d", got, extra, 10+extra)
 	}
 }
 
@@ -511,7 +521,9 @@ func TestFailureReportAndRetry(t *testing.T) {
 		AND exit_code = 3 AND stderr_tail = 'disk on fire' AND error = 'backend exited with 3' AND output = '["partial"]'`, id); n != 1 {
 		t.Fatal("the failed attempt's report is not recorded")
 	}
-	if s := w.Stats(); s.Failed != 1 || s.Done != 1 || s.SafetyWakes == 0 {
+	// The retry's wake-up is a safety wake, unless a listener reconnect (a
+	// loaded machine's missed ping) rang the doorbell after it came due.
+	if s := w.Stats(); s.Failed != 1 || s.Done != 1 || (s.SafetyWakes == 0 && s.ListenerReconnects == 0) {
 		t.Fatalf("stats: %+v", s)
 	}
 }
