@@ -98,7 +98,7 @@ func (s *stack) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), patience)
 		defer cancel()
 		if err := s.w.Stop(ctx); err != nil {
 			t.Errorf("stop worker: %v", err)

@@ -27,7 +27,7 @@ func start(t testing.TB, pool *pgxpool.Pool, cfg *worker.Config) *worker.Worker 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), patience)
 		defer cancel()
 		if err := w.StopAndCancel(ctx); err != nil {
 			t.Errorf("StopAndCancel: %v", err)
