@@ -107,7 +107,7 @@ func (c *collector) next(t *testing.T, what string) claim.Row {
 	select {
 	case r := <-c.got:
 		return r
-	case <-time.After(10 * time.Second):
+	case <-time.After(patience):
 		t.Fatalf("no row delivered: %s", what)
 		return claim.Row{}
 	}
@@ -254,9 +254,13 @@ func TestClaimStatementModes(t *testing.T) {
 	}
 }
 
+// patience bounds every wait for something that must happen: long enough
+// for a machine loaded by other suites, so that only a defect times out.
+const patience = 2 * time.Minute
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	testutil.WaitFor(t, 20*time.Second, what, cond)
+	testutil.WaitFor(t, patience, what, cond)
 }
 
 type syncBuffer = testutil.SyncBuffer

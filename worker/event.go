@@ -55,8 +55,18 @@ type Event struct {
 
 // Observer receives a Worker's events, for metrics and logs. Observe is
 // called from the slots' goroutines and, for most row ends, from the one that
-// records outcomes in batches, so it must return quickly; it is called
-// concurrently.
+// records outcomes in batches, so it must return quickly.
+//
+// Events of different rows come concurrently and in no particular order. The
+// events of one row come one at a time and in order: an attempt's start
+// before its end, and its end before the start of the row's next attempt in
+// the same Worker, even when the row was handed back (a retry, a release, a
+// reap) and claimed again before that end was observed. The next attempt
+// runs meanwhile; only its events wait. An attempt that lost its lease ends
+// when its handler returns, so a handler that ignores its context's
+// cancellation holds back the events of the row's later attempts in this
+// Worker until it returns. Attempts in other Workers are not ordered with
+// these.
 type Observer interface {
 	Observe(Event)
 }

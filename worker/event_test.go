@@ -14,17 +14,24 @@ import (
 
 // eventLog collects a worker's events.
 type eventLog struct {
-	mu     sync.Mutex
-	events []worker.Event
+	mu      sync.Mutex
+	events  []worker.Event
+	changed chan struct{} // rung on every event
 }
+
+func newEventLog() *eventLog { return &eventLog{changed: make(chan struct{}, 1)} }
 
 func (l *eventLog) Observe(e worker.Event) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.events = append(l.events, e)
+	l.mu.Unlock()
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
 }
 
-// of returns the kinds of the events of one row, in order.
+// of returns the events of one row, in the order observed.
 func (l *eventLog) of(id int64) []worker.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -37,6 +44,20 @@ func (l *eventLog) of(id int64) []worker.Event {
 	return out
 }
 
+// await waits until cond holds, checking it after each event.
+func (l *eventLog) await(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	timeout := time.NewTimer(patience)
+	defer timeout.Stop()
+	for !cond() {
+		select {
+		case <-l.changed:
+		case <-timeout.C:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
 func kinds(evs []worker.Event) []string {
 	out := make([]string, len(evs))
 	for i, e := range evs {
@@ -47,11 +68,21 @@ func kinds(evs []worker.Event) []string {
 
 // Every row that starts ends with exactly one event that tells its outcome:
 // done, a failure that is retried (with the time of the retry), a permanent
-// failure, a release.
+// failure, a release. A row's events reach the observer one at a time and in
+// order, also when the row runs again before the end of its previous attempt
+// has been observed: here the observer holds the end event of each attempt
+// that is retried or released until the next attempt's handler has started,
+// and the next attempt's start still comes after it.
 func TestObserverSeesEveryRowStartAndEnd(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	var released sync.Map
+	var released, ranAgain sync.Map
+	nextRun := map[string]chan struct{}{"src-3": make(chan struct{}), "src-4": make(chan struct{})}
+	runsAgain := func(job *worker.Job) {
+		if _, twice := ranAgain.LoadOrStore(job.Source, true); !twice {
+			close(nextRun[job.Source])
+		}
+	}
 	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
 		switch job.Source {
 		case "src-1":
@@ -62,29 +93,49 @@ func TestObserverSeesEveryRowStartAndEnd(t *testing.T) {
 			if job.Attempt == 1 {
 				return nil, errors.New("flaky")
 			}
+			runsAgain(job)
 			return nil, nil
 		default:
-			if _, again := released.LoadOrStore(job.ID, true); !again {
+			if _, twice := released.LoadOrStore(job.ID, true); !twice {
 				return nil, worker.Release(errors.New("disk full"))
 			}
+			runsAgain(job)
 			return nil, nil
 		}
 	})
-	var log eventLog
-	start(t, pool, &worker.Config{Handler: h, Slots: 4, Observer: worker.Observers(nil, &log)})
+	log := newEventLog()
+	slow := worker.ObserverFunc(func(e worker.Event) {
+		if e.Kind != worker.RowReleased && (e.Kind != worker.RowFailed || e.RetryAt.IsZero()) {
+			return
+		}
+		select {
+		case <-nextRun[e.Job.Source]:
+		case <-time.After(patience):
+			t.Errorf("row %d: its next attempt did not start while its %s event was held", e.Job.ID, e.Kind)
+		}
+	})
+	// Slots to spare: the row released runs again in another slot while its
+	// release is being observed in the first.
+	start(t, pool, &worker.Config{Handler: h, Slots: 6, Observer: worker.Observers(nil, slow, log)})
 	if _, err := pool.Exec(context.Background(), "INSERT INTO files.queues (queue, backoff_base, backoff_max) VALUES ('default', '10 ms', '20 ms')"); err != nil {
 		t.Fatal(err)
 	}
 	ids := insert(t, pool, 4)
-	waitCount(t, pool, 4, "SELECT count(*) FROM files.files WHERE state IN ('done', 'failed')")
-	waitFor(t, "the last end event", func() bool { return len(log.of(ids[2])) == 4 && len(log.of(ids[3])) == 4 })
-
 	want := map[int64][]string{
 		ids[0]: {"started", "done"},
 		ids[1]: {"started", "failed"},
 		ids[2]: {"started", "failed", "started", "done"},
 		ids[3]: {"started", "released", "started", "done"},
 	}
+	log.await(t, "every row's last event", func() bool {
+		for _, id := range ids {
+			if len(log.of(id)) < len(want[id]) {
+				return false
+			}
+		}
+		return true
+	})
+
 	for _, id := range ids {
 		evs := log.of(id)
 		if got := kinds(evs); !slices.Equal(got, want[id]) {
@@ -96,6 +147,9 @@ func TestObserverSeesEveryRowStartAndEnd(t *testing.T) {
 				t.Errorf("row %d: event %s with job %+v", id, e.Kind, e.Job)
 			}
 		}
+	}
+	if t.Failed() {
+		return
 	}
 	if evs := log.of(ids[0]); evs[1].Duration != 1500*time.Millisecond || evs[1].Elapsed <= 0 || evs[1].Err != nil {
 		t.Errorf("done event: %+v", evs[1])

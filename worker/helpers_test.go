@@ -27,7 +27,7 @@ func start(t testing.TB, pool *pgxpool.Pool, cfg *worker.Config) *worker.Worker 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), patience)
 		defer cancel()
 		if err := w.StopAndCancel(ctx); err != nil {
 			t.Errorf("StopAndCancel: %v", err)
@@ -46,9 +46,13 @@ func settled(t testing.TB, w *worker.Worker) {
 	})
 }
 
+// patience bounds every wait for something that must happen: long enough
+// for a machine loaded by other suites, so that only a defect times out.
+const patience = 2 * time.Minute
+
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	testutil.WaitFor(t, 30*time.Second, what, cond)
+	testutil.WaitFor(t, patience, what, cond)
 }
 
 func insert(t testing.TB, pool *pgxpool.Pool, n int) []int64 {
@@ -131,7 +135,7 @@ func (g *gate) next(t testing.TB, what string) *worker.Job {
 	select {
 	case j := <-g.started:
 		return j
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience):
 		t.Fatalf("no handler started: %s", what)
 		return nil
 	}
@@ -142,7 +146,7 @@ func (g *gate) cause(t testing.TB) error {
 	select {
 	case err := <-g.causes:
 		return err
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("handler context not cancelled")
 		return nil
 	}

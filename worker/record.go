@@ -239,7 +239,7 @@ func (w *Worker) finish(o *outcome, r recorded) {
 		w.logger.Warn("worker: outcome lost: the database could not be reached before the worker stopped",
 			"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 	}
-	w.observe(ev)
+	w.emit(t, ev)
 	switch {
 	case o.handedOver:
 		<-w.unsettled

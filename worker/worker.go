@@ -264,6 +264,7 @@ type Worker struct {
 	hinted    map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
 	beatNow   chan struct{}       // a hint asks for a heartbeat before the next tick
 	releases  map[int64]int       // rows released by Release, in a row
+	waiting   map[int64]*task     // the latest attempt of a row whose events are held, by row
 
 	done, failed, released, lost, cancelled, leaseLosses, orphans, reaped atomic.Uint64
 	heartbeats, heartbeatErrors                                           atomic.Uint64
@@ -277,6 +278,13 @@ type task struct {
 	received  time.Time // when the claim's answer arrived
 	finishing bool      // the handler returned
 	gone      error     // ErrLeaseLost or ErrCancelled, once known
+
+	// The order of the row's events (see Observer), guarded by mu but for
+	// waits, which emit reads without it.
+	waits atomic.Bool // an earlier attempt of the row in this worker has not ended: events are held
+	held  []Event     // the events held while waits
+	ended bool        // the end event has been observed
+	next  *task       // the row's next attempt in this worker, waiting for this one to end
 }
 
 // heldRow is one row of a heartbeat's answer.
@@ -325,6 +333,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		hinted:      map[int64]time.Time{},
 		beatNow:     make(chan struct{}, 1),
 		releases:    map[int64]int{},
+		waiting:     map[int64]*task{},
 	}
 	if w.logger == nil {
 		w.logger = slog.New(slog.DiscardHandler)
@@ -609,6 +618,17 @@ func (w *Worker) deliver(r claim.Row) {
 	ctx, cancel := context.WithCancelCause(w.handlerCtx)
 	t := &task{row: r, ctx: ctx, cancel: cancel, received: now}
 	w.mu.Lock()
+	prev := w.running[r.ID]
+	if prev == nil {
+		prev = w.waiting[r.ID] // settled, its events still held
+	}
+	if prev != nil && !prev.ended && w.observer != nil {
+		// The row was handed back and claimed again before the end of its
+		// previous attempt here reached the observer.
+		prev.next = t
+		t.waits.Store(true)
+		w.waiting[r.ID] = t
+	}
 	w.running[r.ID] = t
 	w.busy++
 	w.mu.Unlock()
@@ -656,7 +676,7 @@ func (w *Worker) execute(t *task) {
 		WorkerID: t.row.WorkerID, CreatedAt: t.row.CreatedAt, ClaimedAt: t.row.ClaimedAt,
 		LastError: t.row.LastError,
 	}
-	w.observe(Event{Kind: RowStarted, Job: job})
+	w.emit(t, Event{Kind: RowStarted, Job: job})
 	start := time.Now()
 	res, err := w.call(ctx, job)
 	elapsed := time.Since(start)
@@ -676,7 +696,7 @@ func (w *Worker) execute(t *task) {
 		if gone == ErrCancelled {
 			ev.Kind = RowCancelled
 		}
-		w.observe(ev)
+		w.emit(t, ev)
 		w.freeSlot(t)
 		return
 	}
@@ -702,9 +722,61 @@ func (w *Worker) execute(t *task) {
 	}
 }
 
-func (w *Worker) observe(e Event) {
-	if w.observer != nil {
-		w.observer.Observe(e)
+// emit hands e, an event of t's row, to the observer, after the events of
+// the row's earlier attempts in this worker: while one of them has not ended,
+// e is held, and delivered when it ends.
+func (w *Worker) emit(t *task, e Event) {
+	if w.observer == nil {
+		return
+	}
+	if t.waits.Load() {
+		w.mu.Lock()
+		if t.waits.Load() {
+			t.held = append(t.held, e)
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+	}
+	w.observer.Observe(e)
+	if e.Kind != RowStarted {
+		w.ended(t)
+	}
+}
+
+// ended records that t's end event has been observed, and delivers the
+// events that the row's next attempt held meanwhile; when that attempt's end
+// is among them, the same for the attempt after it, and so on.
+func (w *Worker) ended(t *task) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for t != nil {
+		t.ended = true
+		if w.waiting[t.row.ID] == t {
+			delete(w.waiting, t.row.ID)
+		}
+		n := t.next
+		t.next = nil
+		t = nil
+		for n != nil && t == nil {
+			evs := n.held
+			n.held = nil
+			if len(evs) == 0 {
+				n.waits.Store(false) // its later events go straight to the observer
+				if w.waiting[n.row.ID] == n {
+					delete(w.waiting, n.row.ID)
+				}
+				break
+			}
+			w.mu.Unlock()
+			for _, e := range evs {
+				w.observer.Observe(e)
+				if e.Kind != RowStarted {
+					t = n
+				}
+			}
+			w.mu.Lock()
+		}
 	}
 }
 

@@ -177,14 +177,69 @@ func TestSerializationFailuresAreLostRaces(t *testing.T) {
 	if problems := logs.problems(); len(problems) > 0 {
 		t.Fatalf("warnings or errors logged:\n%s", strings.Join(problems, "\n"))
 	}
+	// How many claims fail with 40001 here depends on timing;
+	// TestSerializationFailureIsALostRace makes one happen.
 	var serialization uint64
 	for _, w := range ws {
 		serialization += w.Stats().SerializationFailures
 	}
-	if serialization == 0 {
-		t.Fatalf("no claim failed with 40001 (%d races lost): the test did not exercise the 40001 path", races)
-	}
 	t.Logf("races lost: %d, of which serialization failures: %d", races, serialization)
+}
+
+// A claim that fails with 40001 under repeatable read is a lost race: the
+// claimer looks again by itself, logs nothing above debug, and the row runs
+// once. The failure is made to happen: the slot is stopped, so that the claim
+// revives it, and the test holds a lock on the slot's row until the claim
+// waits for it, then commits an update of that row that the claim's snapshot
+// does not see.
+func TestSerializationFailureIsALostRace(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx,
+		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$"); err != nil {
+		t.Fatal(err)
+	}
+	var logs logCapture
+	g := newGate()
+	close(g.open)
+	w := start(t, pgtest.PoolFor(t, url), &worker.Config{
+		Handler: g, SafetyNet: time.Hour, HeartbeatInterval: time.Hour, LeaseTimeout: 2 * time.Hour, Logger: logs.logger(),
+	})
+	settled(t, w)
+	slot := w.WorkerIDs()[0]
+	if _, err := admin.Exec(ctx, "UPDATE files.workers SET state = 'stopped' WHERE worker_id = $1", slot); err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var holder int32
+	if err := tx.QueryRow(ctx, "UPDATE files.workers SET version = version WHERE worker_id = $1 RETURNING pg_backend_pid()", slot).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	id := insert(t, admin, 1)[0]
+	waitFor(t, "the claim to wait for the slot's row", func() bool {
+		return count(t, admin, "SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))", holder) == 1
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if j := g.next(t, "the row, claimed again after the 40001"); j.ID != id || j.Attempt != 1 {
+		t.Fatalf("job %+v", j)
+	}
+	waitCount(t, admin, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'done' AND attempt = 1", id)
+	if s := w.Stats(); s.SerializationFailures != 1 || s.ClaimErrors != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+	if problems := logs.problems(); len(problems) > 0 {
+		t.Fatalf("warnings or errors logged:\n%s", strings.Join(problems, "\n"))
+	}
 }
 
 // A row reaped and claimed by someone else: the heartbeat notices, the
@@ -235,7 +290,7 @@ func TestLeaseLossCancelsHandler(t *testing.T) {
 		if !errors.Is(cause, worker.ErrLeaseLost) {
 			t.Fatalf("cause %v, want ErrLeaseLost", cause)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("handler not cancelled after losing its lease")
 	}
 	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
@@ -373,6 +428,15 @@ func TestOneInsertCostsOneClaimPerProcess(t *testing.T) {
 		}
 		return n
 	}
+	// A listener that reconnects rings its doorbells, which costs a claim:
+	// a loaded machine can make one miss its ping.
+	reconnects := func() uint64 {
+		var n uint64
+		for _, w := range ws {
+			n += w.Stats().ListenerReconnects
+		}
+		return n
+	}
 	serverClaims := func() uint64 {
 		var n int64
 		err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions
@@ -389,17 +453,18 @@ func TestOneInsertCostsOneClaimPerProcess(t *testing.T) {
 	// server has counted every claim the workers made.
 	before := clientClaims()
 	waitFor(t, "the server's count to catch up", func() bool { return serverClaims() >= before })
-	base := serverClaims()
+	base, reconnected := serverClaims(), reconnects()
 
 	insert(t, admin, 1)
 	waitFor(t, "the row to be handled", func() bool { return handled.Load() == 1 })
 	waitCount(t, admin, 1, "SELECT count(*) FROM files.files WHERE state = 'done'")
 	after := clientClaims()
 	waitFor(t, "the server's count to catch up", func() bool { return serverClaims() >= after })
-	got := serverClaims() - base
-	t.Logf("one insert, 1,000 idle slots in 10 processes: %d claim queries (server count), %d (client count)", got, after-before)
-	if got > 10 || got == 0 {
-		t.Fatalf("one insert cost %d claim queries, want 1 to 10", got)
+	got, extra := serverClaims()-base, reconnects()-reconnected
+	t.Logf("one insert, 1,000 idle slots in 10 processes: %d claim queries (server count), %d (client count), %d listener reconnects",
+		got, after-before, extra)
+	if got > 10+extra || got == 0 {
+		t.Fatalf("one insert cost %d claim queries with %d listener reconnects, want 1 to %d", got, extra, 10+extra)
 	}
 }
 
@@ -456,7 +521,9 @@ func TestFailureReportAndRetry(t *testing.T) {
 		AND exit_code = 3 AND stderr_tail = 'disk on fire' AND error = 'backend exited with 3' AND output = '["partial"]'`, id); n != 1 {
 		t.Fatal("the failed attempt's report is not recorded")
 	}
-	if s := w.Stats(); s.Failed != 1 || s.Done != 1 || s.SafetyWakes == 0 {
+	// The retry's wake-up is a safety wake, unless a listener reconnect (a
+	// loaded machine's missed ping) rang the doorbell after it came due.
+	if s := w.Stats(); s.Failed != 1 || s.Done != 1 || (s.SafetyWakes == 0 && s.ListenerReconnects == 0) {
 		t.Fatalf("stats: %+v", s)
 	}
 }
@@ -537,14 +604,18 @@ func TestThroughTransactionPooler(t *testing.T) {
 			if _, err := pool.Exec(context.Background(), "INSERT INTO files.queues (queue, backoff_base, backoff_max) VALUES ('default', '10ms', '10ms')"); err != nil {
 				t.Fatal(err)
 			}
+			// Frequent heartbeats go through the pooler; a long lease gives
+			// each of them 15s, so that a loaded machine's slow one is not
+			// counted as an error.
 			w := start(t, pool, &worker.Config{
 				Handler: fails, Slots: 4, ListenURL: direct, SafetyNet: time.Hour,
-				HeartbeatInterval: 50 * time.Millisecond, LeaseTimeout: time.Second,
+				HeartbeatInterval: 50 * time.Millisecond, LeaseTimeout: 30 * time.Second,
 			})
 			settled(t, w)
 			insert(t, pool, 10)
 			waitCount(t, pool, 10, "SELECT count(*) FROM files.files WHERE state = 'done' AND result ->> 'mode' IS NOT NULL")
 			waitFor(t, "the done counter", func() bool { return w.Stats().Done == 10 })
+			waitFor(t, "a heartbeat", func() bool { return w.Stats().Heartbeats > 0 })
 			if s := w.Stats(); s.Failed != 1 || s.Done != 10 || s.HeartbeatErrors != 0 {
 				t.Fatalf("stats: %+v", s)
 			}
@@ -596,8 +667,14 @@ func TestSlotsScaleWithBacklog(t *testing.T) {
 	waitFor(t, "the slots to shrink back to 1", func() bool { return w.Stats().Slots == 1 })
 	// The slots leave the process first, then the database.
 	waitCount(t, pool, 3, "SELECT count(*) FROM files.workers WHERE state = 'stopped'")
-	if got := w.WorkerIDs(); len(got) != 1 || !strings.HasSuffix(got[0], ":0") {
+	// Which slot stays depends on which were idle at each shrink: the one
+	// left is the one still active in the database.
+	got := w.WorkerIDs()
+	if len(got) != 1 {
 		t.Fatalf("slots left: %v", got)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.workers WHERE state = 'active' AND worker_id = $1", got[0]); n != 1 {
+		t.Fatalf("slot %s left, not active in the database", got[0])
 	}
 }
 
@@ -652,7 +729,7 @@ func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 		select {
 		case id := <-started:
 			return id
-		case <-time.After(30 * time.Second):
+		case <-time.After(patience):
 			t.Fatalf("no handler started: %s", what)
 			return 0
 		}
