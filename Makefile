@@ -6,7 +6,7 @@ GOOSE_VERSION := v3.30.0
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 STATICCHECK_VERSION := v0.8.2
 TEST_FLAGS ?=
-TESTENV   := $(GO) run ./internal/cmd/testenv --
+WITH_SERVICES := $(GO) run ./internal/cmd/withservices --
 
 export PATH := $(BIN):$(PATH)
 
@@ -26,27 +26,27 @@ demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exi
 
 .PHONY: test
 test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO servers
-	$(TESTENV) $(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./...
+	$(WITH_SERVICES) $(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./...
 
 .PHONY: test-short
 test-short: ## Run the tests without the slow ones (-short)
-	$(TESTENV) $(GO) test -race -count=1 -short $(TEST_FLAGS) ./...
+	$(WITH_SERVICES) $(GO) test -race -count=1 -short $(TEST_FLAGS) ./...
 
 .PHONY: test-faults
 test-faults: tools ## Run the fault suite in full (kill -9, restarts, partition, PgBouncer, failover, MinIO, disk) and write FAULTS.md
-	$(TESTENV) $(GO) test -race -count=1 -timeout 60m -v $(TEST_FLAGS) ./faults -args -faults.full -faults.report=$(CURDIR)/FAULTS.md
+	$(WITH_SERVICES) $(GO) test -race -count=1 -timeout 60m -v $(TEST_FLAGS) ./faults -args -faults.full -faults.report=$(CURDIR)/FAULTS.md
 
 .PHONY: bench
 bench: tools ## Run every pgworker bench mode and the River peer benchmark on throwaway PostgreSQL and MinIO; write BENCHMARKS.md
-	$(GO) run ./internal/cmd/testenv --minio --bucket pgworker-bench -- ./bench/run.sh
+	$(GO) run ./internal/cmd/withservices --minio --bucket pgworker-bench -- ./bench/run.sh
 
 .PHONY: bench-go
 bench-go: ## Run the Go benchmarks (go test -bench)
-	$(TESTENV) $(GO) test -run '^$$' -bench . -benchmem ./...
+	$(WITH_SERVICES) $(GO) test -run '^$$' -bench . -benchmem ./...
 
 .PHONY: bench-peers
 bench-peers: ## Run the River peer benchmark (bench/peers) alone on a throwaway PostgreSQL
-	$(TESTENV) sh -c 'cd bench/peers && ./run.sh --database-url "$$TEST_DATABASE_URL"'
+	$(WITH_SERVICES) sh -c 'cd bench/peers && ./run.sh --database-url "$$TEST_DATABASE_URL"'
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
@@ -56,7 +56,7 @@ lint: ## gofmt, go vet and staticcheck
 
 .PHONY: schema
 schema: ## Check that sql/schema.sql builds the same catalog as migrations/
-	$(TESTENV) $(GO) test -count=1 -run 'TestSchemaFileMatchesMigrations|TestSharedNames' ./migrations/
+	$(WITH_SERVICES) $(GO) test -count=1 -run 'TestSchemaFileMatchesMigrations|TestSharedNames' ./migrations/
 
 .PHONY: tools
 tools: $(BIN)/goose $(BIN)/minio ## Install pinned goose and MinIO binaries into ./bin

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs every pgworker bench mode and the River peer benchmark (bench/peers),
 # one after the other, and writes BENCHMARKS.md. `make bench` runs it through
-# internal/cmd/testenv, which starts a throwaway PostgreSQL (TEST_DATABASE_URL)
+# internal/cmd/withservices, which starts a throwaway PostgreSQL (TEST_DATABASE_URL)
 # and MinIO (PGWORKER_S3_ENDPOINT, AWS_*) with a bucket pgworker-bench.
 #
 # The sizes below finish in about ten minutes on two cores; the slowest part

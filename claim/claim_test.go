@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgworker/pgworker/claim"
 	"github.com/pgworker/pgworker/internal/pgtest"
-	"github.com/pgworker/pgworker/internal/testutil"
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -260,7 +260,7 @@ const patience = 2 * time.Minute
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	testutil.WaitFor(t, patience, what, cond)
+	testhelp.WaitFor(t, patience, what, cond)
 }
 
-type syncBuffer = testutil.SyncBuffer
+type syncBuffer = testhelp.SyncBuffer

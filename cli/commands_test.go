@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgworker/pgworker/internal/clitest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 	"github.com/pgworker/pgworker/migrations"
 )
 
@@ -90,7 +90,7 @@ func TestMigrate(t *testing.T) {
 	status := func() map[string]string {
 		out := ok(t, url, "", "migrate", "status")
 		states := map[string]string{}
-		for _, line := range clitest.Lines(out)[1:] {
+		for _, line := range pgworkerbin.Lines(out)[1:] {
 			f := strings.Fields(line)
 			states[f[1]] = f[2]
 		}
@@ -126,7 +126,7 @@ func TestMigrate(t *testing.T) {
 		t.Errorf("after down: %v", st)
 	}
 	out = ok(t, url, "", "migrate", "down", "--to", "0")
-	if n := len(clitest.Lines(out)); n != len(names)-1 {
+	if n := len(pgworkerbin.Lines(out)); n != len(names)-1 {
 		t.Errorf("migrate down --to 0 rolled back %d migrations, want %d:\n%s", n, len(names)-1, out)
 	}
 	if schemaExists() {
@@ -171,7 +171,7 @@ func TestEnqueueArguments(t *testing.T) {
 		t.Error("enqueue without flags did not use the defaults")
 	}
 	// The queue's env twin.
-	res := clitest.Run(t, bin, nil, clitest.Env("PGWORKER_DATABASE_URL="+url, "PGWORKER_QUEUE=from-env"), "enqueue", "x")
+	res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env("PGWORKER_DATABASE_URL="+url, "PGWORKER_QUEUE=from-env"), "enqueue", "x")
 	if res.Code != 0 || count(t, pool, "SELECT count(*) FROM files.files WHERE queue = 'from-env'") != 1 {
 		t.Errorf("PGWORKER_QUEUE: exit %d %s", res.Code, res.Stderr)
 	}
@@ -256,7 +256,7 @@ func TestEnqueueBadLineStopsItsBatch(t *testing.T) {
 func TestEnqueuePayloadRejected(t *testing.T) {
 	t.Parallel()
 	// The database is unreachable: a usage error must come before any attempt.
-	url := clitest.ClosedURL(t)
+	url := pgworkerbin.ClosedURL(t)
 	for _, payload := range []string{`not json`, `[1, 2]`, `"text"`, `42`, `null`, `{"a": 1} {"b": 2}`, `{"a": `} {
 		stderr := fails(t, url, "", 2, []string{"--payload must be", "JSON object"}, "enqueue", "--payload", payload, "src")
 		if strings.Contains(stderr, "cannot reach") {
@@ -284,7 +284,7 @@ func TestStatementModes(t *testing.T) {
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE payload->>'mode' = queue"); n != 8 {
 		t.Errorf("%d rows, want 8", n)
 	}
-	res := clitest.Run(t, bin, nil, clitest.Env("PGWORKER_DATABASE_URL="+url, "PGWORKER_STATEMENT_MODE=simple"), "status")
+	res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env("PGWORKER_DATABASE_URL="+url, "PGWORKER_STATEMENT_MODE=simple"), "status")
 	if res.Code != 0 {
 		t.Errorf("PGWORKER_STATEMENT_MODE=simple: %s", res.Stderr)
 	}
@@ -453,14 +453,14 @@ func TestRetryCancelPauseResume(t *testing.T) {
 
 func TestDatabaseUnreachable(t *testing.T) {
 	t.Parallel()
-	url := clitest.ClosedURL(t)
+	url := pgworkerbin.ClosedURL(t)
 	const password = "Sup3rS3cretPw"
 	for _, args := range [][]string{
 		{"status"}, {"enqueue", "a"}, {"migrate", "up"}, {"migrate", "status"}, {"retry", "--failed"}, {"cancel", "1"},
 		{"pause", "q"}, {"resume", "q"}, {"run", "--exec", "/bin/true", "--work-dir", t.TempDir()},
 	} {
 		res := pgworker(t, url, "", args...)
-		lines := clitest.Lines(res.Stderr)
+		lines := pgworkerbin.Lines(res.Stderr)
 		if res.Code != 1 || len(lines) != 1 || res.Stdout != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr:\n%s", args, res.Code, res.Stdout, res.Stderr)
 			continue
@@ -476,7 +476,7 @@ func TestDatabaseUnreachable(t *testing.T) {
 	}
 
 	// From DATABASE_URL, the message says where to look.
-	res := clitest.Run(t, bin, nil, clitest.Env("DATABASE_URL="+url), "status")
+	res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env("DATABASE_URL="+url), "status")
 	if res.Code != 1 || !strings.Contains(res.Stderr, "check DATABASE_URL") || strings.Contains(res.Stderr, password) {
 		t.Errorf("DATABASE_URL: exit %d %s", res.Code, res.Stderr)
 	}
@@ -496,7 +496,7 @@ func TestDatabaseUnreachable(t *testing.T) {
 
 func TestRunFlags(t *testing.T) {
 	t.Parallel()
-	url := clitest.ClosedURL(t)
+	url := pgworkerbin.ClosedURL(t)
 	for _, tt := range []struct {
 		args []string
 		env  []string
@@ -524,8 +524,8 @@ func TestRunFlags(t *testing.T) {
 		{[]string{"--exec", "/bin/true {input}", "--slots", "2-8", "--queue", "a", "--queue", "b"}, nil, 1, "cannot reach the database"},
 	} {
 		env := append([]string{"PGWORKER_DATABASE_URL=" + url, "PGWORKER_WORK_DIR=" + t.TempDir()}, tt.env...)
-		res := clitest.Run(t, bin, nil, clitest.Env(env...), append([]string{"run"}, tt.args...)...)
-		lines := clitest.Lines(res.Stderr)
+		res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env(env...), append([]string{"run"}, tt.args...)...)
+		lines := pgworkerbin.Lines(res.Stderr)
 		if res.Code != tt.code || len(lines) != 1 || !strings.Contains(lines[0], tt.want) {
 			t.Errorf("run %q %v: exit %d, stderr:\n%s\nwant exit %d and one line with %q", tt.args, tt.env, res.Code, res.Stderr, tt.code, tt.want)
 		}

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgworker/pgworker/internal/clitest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // terminalControls are bytes and runes that move a terminal: ESC (CSI and
@@ -91,9 +91,9 @@ func TestEmptyQueueName(t *testing.T) {
 // environment it is quiet.
 func TestPasswordInFlagWarns(t *testing.T) {
 	t.Parallel()
-	url := clitest.ClosedURL(t) // with a password
+	url := pgworkerbin.ClosedURL(t) // with a password
 	const password = "Sup3rS3cretPw"
-	res := clitest.Run(t, bin, nil, clitest.Env(), "status", "--database-url", url, "--log-format", "json")
+	res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env(), "status", "--database-url", url, "--log-format", "json")
 	if res.Code != 1 || !strings.Contains(res.Stderr, `"level":"WARN"`) || !strings.Contains(res.Stderr, "--database-url holds a password") ||
 		!strings.Contains(res.Stderr, ".pgpass") {
 		t.Errorf("--database-url with a password: exit %d, stderr:\n%s", res.Code, res.Stderr)
@@ -102,11 +102,11 @@ func TestPasswordInFlagWarns(t *testing.T) {
 		t.Errorf("the password was printed:\n%s", res.Stderr)
 	}
 	noPassword := strings.Replace(url, ":"+password+"@", "@", 1)
-	for _, res := range []clitest.Result{
-		clitest.Run(t, bin, nil, clitest.Env(), "status", "--database-url", noPassword),
-		clitest.Run(t, bin, nil, clitest.Env("PGWORKER_DATABASE_URL="+url), "status"),
+	for _, res := range []pgworkerbin.Result{
+		pgworkerbin.Run(t, bin, nil, pgworkerbin.Env(), "status", "--database-url", noPassword),
+		pgworkerbin.Run(t, bin, nil, pgworkerbin.Env("PGWORKER_DATABASE_URL="+url), "status"),
 	} {
-		if strings.Contains(res.Stderr, "holds a password") || len(clitest.Lines(res.Stderr)) != 1 {
+		if strings.Contains(res.Stderr, "holds a password") || len(pgworkerbin.Lines(res.Stderr)) != 1 {
 			t.Errorf("a warning without a password on the command line:\n%s", res.Stderr)
 		}
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgworker/pgworker/internal/clitest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // bin is the pgworker binary the tests drive.
@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin, err = clitest.Build(dir)
+	bin, err = pgworkerbin.Build(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
@@ -34,13 +34,13 @@ func TestMain(m *testing.M) {
 }
 
 // pgworker runs the binary against the database at url (none if "").
-func pgworker(t *testing.T, url, stdin string, args ...string) clitest.Result {
+func pgworker(t *testing.T, url, stdin string, args ...string) pgworkerbin.Result {
 	t.Helper()
 	var env []string
 	if url != "" {
 		env = append(env, "PGWORKER_DATABASE_URL="+url)
 	}
-	return clitest.Run(t, bin, strings.NewReader(stdin), clitest.Env(env...), args...)
+	return pgworkerbin.Run(t, bin, strings.NewReader(stdin), pgworkerbin.Env(env...), args...)
 }
 
 // ok runs the binary and fails the test unless it exits 0 with an empty stderr.
@@ -61,7 +61,7 @@ func fails(t *testing.T, url, stdin string, code int, want []string, args ...str
 	if res.Code != code {
 		t.Errorf("pgworker %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), res.Code, code, res.Stdout, res.Stderr)
 	}
-	lines := clitest.Lines(res.Stderr)
+	lines := pgworkerbin.Lines(res.Stderr)
 	if len(lines) != 1 {
 		t.Errorf("pgworker %s: stderr has %d lines, want one:\n%s", strings.Join(args, " "), len(lines), res.Stderr)
 	}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgworker/pgworker/internal/clitest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // runProcess is a `pgworker run` process whose JSON log lines are collected.
@@ -31,7 +31,7 @@ type runProcess struct {
 func startRun(t *testing.T, url string, args ...string) *runProcess {
 	t.Helper()
 	cmd := osexec.Command(bin, append([]string{"run", "--log-format", "json"}, args...)...)
-	cmd.Env = clitest.Env("PGWORKER_DATABASE_URL=" + url)
+	cmd.Env = pgworkerbin.Env("PGWORKER_DATABASE_URL=" + url)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +271,7 @@ func TestRunMetricsAddrInUse(t *testing.T) {
 		}
 		return false
 	})
-	res := clitest.Run(t, bin, nil, clitest.Env("PGWORKER_DATABASE_URL="+url), "run", "--exec", "/bin/true",
+	res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env("PGWORKER_DATABASE_URL="+url), "run", "--exec", "/bin/true",
 		"--output-store", "file://"+dir, "--work-dir", filepath.Join(dir, "work2"), "--metrics-addr", addr, "--log-format", "json")
 	if res.Code != 1 || !strings.Contains(res.Stderr, "pgworker: run: --metrics-addr: metrics: listen on "+addr) {
 		t.Errorf("second run on %s: exit %d\n%s", addr, res.Code, res.Stderr)

@@ -25,9 +25,9 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
-	"github.com/pgworker/pgworker/internal/clitest"
 	"github.com/pgworker/pgworker/internal/miniotest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // poll is how often waitFor looks again.
@@ -62,7 +62,7 @@ func newStack(t *testing.T) *stack {
 		db:    pgtest.PoolFor(t, dbURL),
 	}
 	var base []string
-	for _, kv := range clitest.Env() {
+	for _, kv := range pgworkerbin.Env() {
 		// Nothing of the machine's S3 or MinIO settings may reach pgworker.
 		if !strings.HasPrefix(kv, "AWS_") && !strings.HasPrefix(kv, "MINIO_") {
 			base = append(base, kv)
@@ -294,9 +294,9 @@ func (s *stack) waitFor(timeout time.Duration, what string, cond func() bool) {
 // --- the binary ---
 
 // pgworker runs a pgworker command to its end.
-func (s *stack) pgworker(stdin io.Reader, args ...string) clitest.Result {
+func (s *stack) pgworker(stdin io.Reader, args ...string) pgworkerbin.Result {
 	s.t.Helper()
-	return clitest.Run(s.t, pgworkerBin, stdin, s.env, args...)
+	return pgworkerbin.Run(s.t, pgworkerBin, stdin, s.env, args...)
 }
 
 // enqueue runs pgworker enqueue, which must succeed, with sources as

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgworker/pgworker/internal/clitest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // TestHostileSources: sources that lead outside the input store (.., an
@@ -158,7 +158,7 @@ func TestExecRefused(t *testing.T) {
 	} {
 		start := time.Now()
 		res := s.pgworker(nil, "run", "--exec", tc.exec, "--output-store", out)
-		lines := clitest.Lines(res.Stderr)
+		lines := pgworkerbin.Lines(res.Stderr)
 		// A program that cannot run is a runtime error (exit 1), not a
 		// command-line mistake: it may be on a mount that is not there yet.
 		if res.Code != 1 || len(lines) != 1 || !strings.HasPrefix(lines[0], "pgworker: --exec: ") ||
@@ -181,7 +181,7 @@ func TestEnqueueBadPayload(t *testing.T) {
 	s := newStack(t)
 	for _, payload := range []string{`{not json`, `[1, 2]`, `"text"`, `{"a": 1} {"b": 2}`, ``} {
 		res := s.pgworker(strings.NewReader("c\nd\n"), "enqueue", "--payload", payload, "a", "b", "-")
-		lines := clitest.Lines(res.Stderr)
+		lines := pgworkerbin.Lines(res.Stderr)
 		if res.Code != 2 || res.Stdout != "" || len(lines) != 1 || !strings.Contains(lines[0], "--payload") {
 			t.Errorf("--payload %q: exit %d, stdout %q, stderr %q; want exit 2 and one line about --payload",
 				payload, res.Code, res.Stdout, res.Stderr)

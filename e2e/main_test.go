@@ -7,8 +7,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/pgworker/pgworker/internal/clitest"
 	"github.com/pgworker/pgworker/internal/miniotest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // pgworkerBin is the binary under test, built once for the package.
@@ -25,7 +25,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	if pgworkerBin, err = clitest.Build(dir); err != nil {
+	if pgworkerBin, err = pgworkerbin.Build(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

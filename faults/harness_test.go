@@ -32,9 +32,9 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
-	"github.com/pgworker/pgworker/internal/clitest"
 	"github.com/pgworker/pgworker/internal/miniotest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // Timing of every worker: leases short enough that the scenarios do not
@@ -117,7 +117,7 @@ func newRig(t *testing.T, cfg *rigConfig) *rig {
 	if r.host, err = os.Hostname(); err != nil || r.host == "" {
 		r.host = "localhost"
 	}
-	for _, kv := range clitest.Env() {
+	for _, kv := range pgworkerbin.Env() {
 		// Nothing of the machine's S3 or MinIO settings may reach pgworker.
 		if !strings.HasPrefix(kv, "AWS_") && !strings.HasPrefix(kv, "MINIO_") {
 			r.env = append(r.env, kv)

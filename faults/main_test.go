@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pgworker/pgworker/internal/clitest"
 	"github.com/pgworker/pgworker/internal/miniotest"
+	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 var (
@@ -44,7 +44,7 @@ func binaries(t *testing.T) (pgworker, backend string) {
 		if bins.err = os.Chmod(bins.dir, 0o755); bins.err != nil {
 			return
 		}
-		if bins.pgworker, bins.err = clitest.Build(bins.dir); bins.err != nil {
+		if bins.pgworker, bins.err = pgworkerbin.Build(bins.dir); bins.err != nil {
 			return
 		}
 		bins.backend = filepath.Join(bins.dir, "slowcopy")

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
-	"github.com/pgworker/pgworker/internal/testutil"
+	"github.com/pgworker/pgworker/internal/testhelp"
 	"github.com/pgworker/pgworker/listener"
 )
 
@@ -280,7 +280,7 @@ func TestNewNeedsURL(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	testutil.WaitFor(t, patience, what, cond)
+	testhelp.WaitFor(t, patience, what, cond)
 }
 
-type syncBuffer = testutil.SyncBuffer
+type syncBuffer = testhelp.SyncBuffer

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
-	"github.com/pgworker/pgworker/internal/testutil"
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 type claimed struct {
@@ -505,7 +505,7 @@ func TestNotify(t *testing.T) {
 	// fleet was not silent.
 	mustExec(t, pool, "SELECT files.register_worker('keeper', key => 'test-key-0123456789')")
 	mustExec(t, pool, "SELECT files.register_worker('w', lease_timeout => '1 second', key => 'test-key-0123456789')")
-	testutil.WaitServerUp(t, pool, time.Second)
+	testhelp.WaitServerUp(t, pool, time.Second)
 	expect("claim", "[]", exec("CREATE TABLE first AS SELECT id, worker_id, attempt, claim_token FROM files.claim('w', ARRAY['default'], 10, key => 'test-key-0123456789')"))
 	expect("complete", "[]", exec("SELECT files.complete(id, worker_id, attempt, claim_token, '{}') FROM first ORDER BY id LIMIT 1"))
 	expect("claim of two queues", "[]", exec("CREATE TABLE claimed AS SELECT id, worker_id, attempt, claim_token, queue FROM files.claim('w', ARRAY['q1', 'q2'], 10, key => 'test-key-0123456789')"))

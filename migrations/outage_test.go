@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
-	"github.com/pgworker/pgworker/internal/testutil"
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // When every live slot has been silent past its lease, the database (or the
@@ -17,7 +17,7 @@ func TestReapAfterFleetSilence(t *testing.T) {
 	pool := pgtest.Pool(t)
 	mustExec(t, pool, "SELECT files.register_worker('a', lease_timeout => '10 seconds', key => 'test-key-0123456789')")
 	mustExec(t, pool, "SELECT files.register_worker('b', lease_timeout => '10 seconds', key => 'test-key-0123456789')")
-	testutil.WaitServerUp(t, pool, 10*time.Second)
+	testhelp.WaitServerUp(t, pool, 10*time.Second)
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('x')")
 	if got := claim(t, pool, "a", 1); len(got) != 1 {
 		t.Fatalf("claimed %d rows", len(got))

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/pgworker/pgworker/internal/testutil"
+	"github.com/pgworker/pgworker/internal/testhelp"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -52,7 +52,7 @@ const patience = 2 * time.Minute
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	testutil.WaitFor(t, patience, what, cond)
+	testhelp.WaitFor(t, patience, what, cond)
 }
 
 func insert(t testing.TB, pool *pgxpool.Pool, n int) []int64 {
@@ -91,7 +91,7 @@ func waitCount(t testing.TB, pool *pgxpool.Pool, want int, sql string, args ...a
 }
 
 // logCapture collects a worker's log lines.
-type logCapture struct{ testutil.SyncBuffer }
+type logCapture struct{ testhelp.SyncBuffer }
 
 func (l *logCapture) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgworker/pgworker/internal/pgbouncertest"
 	"github.com/pgworker/pgworker/internal/pgtest"
-	"github.com/pgworker/pgworker/internal/testutil"
+	"github.com/pgworker/pgworker/internal/testhelp"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -259,7 +259,7 @@ func TestLeaseLossCancelsHandler(t *testing.T) {
 	settled(t, w)
 	// reap counts no silence from before the server's start: wait for more
 	// uptime than the default lease.
-	testutil.WaitServerUp(t, pool, 15*time.Second)
+	testhelp.WaitServerUp(t, pool, 15*time.Second)
 	id := insert(t, pool, 1)[0]
 	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running'", id)
 

@@ -1,5 +1,5 @@
 //go:build !race
 
-package clitest
+package pgworkerbin
 
 const raceEnabled = false

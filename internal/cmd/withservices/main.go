@@ -1,8 +1,8 @@
-// Command testenv starts the services the tests need, runs a command with
+// Command withservices starts the services the tests need, runs a command with
 // their addresses in its environment, and stops them afterwards, also when the
 // command fails or the run is interrupted.
 //
-//	go run ./internal/cmd/testenv -- go test -race ./...
+//	go run ./internal/cmd/withservices -- go test -race ./...
 //
 // It starts a throwaway PostgreSQL cluster and sets TEST_DATABASE_URL, unless
 // TEST_DATABASE_URL is already set. MinIO and PgBouncer are started by the tests
@@ -13,7 +13,7 @@
 // AWS_REGION for the command, as pgworker reads them; each --bucket NAME
 // (which implies --minio) is created first:
 //
-//	go run ./internal/cmd/testenv --minio --bucket bench -- pgworker bench pipeline ...
+//	go run ./internal/cmd/withservices --minio --bucket bench -- pgworker bench pipeline ...
 package main
 
 import (
@@ -38,12 +38,12 @@ func (b *buckets) String() string     { return strings.Join(*b, ",") }
 func (b *buckets) Set(s string) error { *b = append(*b, s); return nil }
 
 func main() {
-	fs := flag.NewFlagSet("testenv", flag.ExitOnError)
+	fs := flag.NewFlagSet("withservices", flag.ExitOnError)
 	withMinIO := fs.Bool("minio", false, "also start a MinIO server and set PGWORKER_S3_ENDPOINT and the AWS_* credentials")
 	var bs buckets
 	fs.Var(&bs, "bucket", "create this `bucket` in MinIO (repeatable; implies --minio)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: testenv [--minio] [--bucket NAME]... -- COMMAND [ARGS...]")
+		fmt.Fprintln(os.Stderr, "usage: withservices [--minio] [--bucket NAME]... -- COMMAND [ARGS...]")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:]) // stops at --, which it consumes
@@ -61,35 +61,35 @@ func run(args []string, withMinIO bool, bs []string) int {
 	if os.Getenv("TEST_DATABASE_URL") == "" {
 		c, err := pgtest.StartCluster(ctx, nil)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "testenv: start PostgreSQL:", err)
+			fmt.Fprintln(os.Stderr, "withservices: start PostgreSQL:", err)
 			return 1
 		}
 		defer func() {
 			if err := c.Destroy(); err != nil {
-				fmt.Fprintln(os.Stderr, "testenv: stop PostgreSQL:", err)
+				fmt.Fprintln(os.Stderr, "withservices: stop PostgreSQL:", err)
 			}
 		}()
-		fmt.Fprintf(os.Stderr, "testenv: PostgreSQL on port %d (log %s)\n", c.Port, c.LogFile())
+		fmt.Fprintf(os.Stderr, "withservices: PostgreSQL on port %d (log %s)\n", c.Port, c.LogFile())
 		env = append(env, "TEST_DATABASE_URL="+c.URL("postgres"), "PG_BINDIR="+c.BinDir)
 	}
 	if withMinIO {
 		srv, err := miniotest.Start(nil)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "testenv: start MinIO:", err)
+			fmt.Fprintln(os.Stderr, "withservices: start MinIO:", err)
 			return 1
 		}
 		defer func() {
 			if err := srv.Close(); err != nil {
-				fmt.Fprintln(os.Stderr, "testenv: stop MinIO:", err)
+				fmt.Fprintln(os.Stderr, "withservices: stop MinIO:", err)
 			}
 		}()
 		for _, b := range bs {
 			if err := srv.MakeBucket(ctx, b); err != nil {
-				fmt.Fprintf(os.Stderr, "testenv: create bucket %s: %v\n", b, err)
+				fmt.Fprintf(os.Stderr, "withservices: create bucket %s: %v\n", b, err)
 				return 1
 			}
 		}
-		fmt.Fprintf(os.Stderr, "testenv: MinIO at %s (log %s)\n", srv.Endpoint, srv.LogFile())
+		fmt.Fprintf(os.Stderr, "withservices: MinIO at %s (log %s)\n", srv.Endpoint, srv.LogFile())
 		env = append(env, "PGWORKER_S3_ENDPOINT="+srv.Endpoint, "AWS_ACCESS_KEY_ID="+srv.AccessKey,
 			"AWS_SECRET_ACCESS_KEY="+srv.SecretKey, "AWS_REGION=us-east-1")
 	}
@@ -100,7 +100,7 @@ func run(args []string, withMinIO bool, bs []string) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "testenv:", err)
+		fmt.Fprintln(os.Stderr, "withservices:", err)
 		return 1
 	}
 	go func() {
@@ -120,7 +120,7 @@ func run(args []string, withMinIO bool, bs []string) int {
 		}
 		return exit.ExitCode()
 	default:
-		fmt.Fprintln(os.Stderr, "testenv:", err)
+		fmt.Fprintln(os.Stderr, "withservices:", err)
 		return 1
 	}
 }

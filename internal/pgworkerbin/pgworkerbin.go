@@ -1,4 +1,4 @@
-// Package clitest builds the pgworker binary once per test binary and runs
+// Package pgworkerbin builds the pgworker binary once per test binary and runs
 // it as a user would: arguments, environment and standard input in; exit
 // status, standard output and standard error out.
 //
@@ -7,7 +7,7 @@
 //	func TestMain(m *testing.M) {
 //		dir, _ := os.MkdirTemp("", "pgworker-bin-")
 //		var err error
-//		if bin, err = clitest.Build(dir); err != nil {
+//		if bin, err = pgworkerbin.Build(dir); err != nil {
 //			fmt.Fprintln(os.Stderr, err)
 //			os.Exit(1)
 //		}
@@ -17,10 +17,10 @@
 //	}
 //
 //	func TestStatus(t *testing.T) {
-//		res := clitest.Run(t, bin, nil, clitest.Env("PGWORKER_DATABASE_URL="+pgtest.URL(t)), "status")
+//		res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env("PGWORKER_DATABASE_URL="+pgtest.URL(t)), "status")
 //		...
 //	}
-package clitest
+package pgworkerbin
 
 import (
 	"bytes"

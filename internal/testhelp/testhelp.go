@@ -1,6 +1,6 @@
-// Package testutil holds the small helpers that the tests of several packages
+// Package testhelp holds the small helpers that the tests of several packages
 // share: waiting for a condition, and a log buffer safe for concurrent writers.
-package testutil
+package testhelp
 
 import (
 	"bytes"
