@@ -4,12 +4,13 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // The shipped files, relative to this directory.
@@ -203,12 +204,9 @@ func connParams(s string) map[string]string {
 // moduleRoot is the directory of go.mod.
 func moduleRoot(t *testing.T) string {
 	t.Helper()
-	root, err := filepath.Abs("..")
+	root, err := testhelp.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("no go.mod at %s: %v", root, err)
 	}
 	return root
 }

@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -27,16 +26,8 @@ import (
 
 	"github.com/pgworker/pgworker/internal/pgbouncertest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
-
-func randomHex(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
 
 // writeTLS writes a throwaway key and self-signed certificate for 127.0.0.1.
 func writeTLS(dir string) (keyFile, certFile string, err error) {
@@ -149,8 +140,8 @@ func TestPgBouncerShippedConfig(t *testing.T) {
 	defer super.Close(context.Background())
 
 	// A worker login with a SCRAM password, as docs/deploy.md sets up.
-	role := "pgworker_node_" + randomHex(t, 4)
-	password := randomHex(t, 12)
+	role := "pgworker_node_" + testhelp.RandomHex(4)
+	password := testhelp.RandomHex(12)
 	if _, err := super.Exec(ctx, "SET password_encryption = 'scram-sha-256'"); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testhelp"
 	"github.com/pgworker/pgworker/metrics"
 	"github.com/pgworker/pgworker/worker"
 )
@@ -192,13 +193,7 @@ const patience = 2 * time.Minute
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(patience)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testhelp.WaitFor(t, patience, what, cond)
 }
 
 // A real scrape of a running worker: every metric is there, and the row

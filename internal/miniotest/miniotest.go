@@ -17,12 +17,9 @@ package miniotest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,6 +31,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // Config configures Start. The zero value works.
@@ -76,33 +75,15 @@ func Binary() (string, error) {
 		}
 		return p, nil
 	}
-	root, err := moduleRoot()
+	root, err := testhelp.ModuleRoot()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w: set PGWORKER_TEST_MINIO to the MinIO binary", err)
 	}
 	p := filepath.Join(root, "bin", "minio")
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("MinIO server binary %s is missing: run `make tools` (or set PGWORKER_TEST_MINIO)", p)
 	}
 	return p, nil
-}
-
-// moduleRoot walks up from the working directory to the directory of go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory: set PGWORKER_TEST_MINIO to the MinIO binary")
-		}
-		dir = parent
-	}
 }
 
 // Start starts a server and waits until it answers. Close it when done.
@@ -124,11 +105,11 @@ func Start(cfg *Config) (*Server, error) {
 	if s.cfg.StartTimeout <= 0 {
 		s.cfg.StartTimeout = 60 * time.Second
 	}
-	port, err := freePort()
+	port, err := testhelp.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	cport, err := freePort()
+	cport, err := testhelp.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -140,8 +121,8 @@ func Start(cfg *Config) (*Server, error) {
 	s.Host = fmt.Sprintf("127.0.0.1:%d", port)
 	s.console = fmt.Sprintf("127.0.0.1:%d", cport)
 	s.Endpoint = "http://" + s.Host
-	s.AccessKey = "test-" + randomHex(6)
-	s.SecretKey = randomHex(20)
+	s.AccessKey = "test-" + testhelp.RandomHex(6)
+	s.SecretKey = testhelp.RandomHex(20)
 	s.tr = &http.Transport{DisableKeepAlives: true}
 	s.client, err = minio.New(s.Host, &minio.Options{
 		Creds:     credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""),
@@ -400,20 +381,5 @@ func bucketName(test string) string {
 	if len(name) > 40 {
 		name = strings.Trim(name[:40], "-")
 	}
-	return "t-" + name + "-" + randomHex(4)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	return "t-" + name + "-" + testhelp.RandomHex(4)
 }

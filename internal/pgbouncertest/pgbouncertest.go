@@ -37,6 +37,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // DefaultBinary is where Debian's pgbouncer package installs PgBouncer.
@@ -228,7 +230,7 @@ func newBouncer(binary string, timeout time.Duration) (*Bouncer, error) {
 			return nil, err
 		}
 	}
-	if b.Port, err = freePort(); err != nil {
+	if b.Port, err = testhelp.FreePort(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -513,15 +515,6 @@ func or(s, def string) string {
 		return def
 	}
 	return s
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // lockedBuffer keeps PgBouncer's output lines.

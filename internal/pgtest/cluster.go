@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // Cluster is a throwaway PostgreSQL server in a temporary directory, on a free
@@ -92,7 +93,7 @@ func StartCluster(ctx context.Context, cfg *ClusterConfig) (*Cluster, error) {
 
 	// A port can be taken between choosing it and binding it: try a few.
 	for try := 0; ; try++ {
-		c.Port, err = freePort()
+		c.Port, err = testhelp.FreePort()
 		if err != nil {
 			break
 		}
@@ -181,13 +182,4 @@ func BinDir() (string, error) {
 		return vi < vj
 	})
 	return filepath.Dir(matches[len(matches)-1]), nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

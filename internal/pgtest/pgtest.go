@@ -14,7 +14,6 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -31,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgworker/pgworker/internal/testhelp"
 	"github.com/pgworker/pgworker/migrations"
 )
 
@@ -60,7 +60,7 @@ func URL(t testing.TB) string {
 	if templateErr != nil {
 		t.Fatalf("build template database: %v", templateErr)
 	}
-	name := "pgworker_test_" + randomHex(6)
+	name := "pgworker_test_" + testhelp.RandomHex(6)
 	ctx := context.Background()
 	conn := connect(t, server)
 	defer conn.Close(ctx)
@@ -76,7 +76,7 @@ func URL(t testing.TB) string {
 func EmptyURL(t testing.TB) string {
 	t.Helper()
 	server := ServerURL(t)
-	name := "pgworker_empty_" + randomHex(6)
+	name := "pgworker_empty_" + testhelp.RandomHex(6)
 	ctx := context.Background()
 	conn := connect(t, server)
 	defer conn.Close(ctx)
@@ -227,10 +227,4 @@ func migrationsHash() (string, error) {
 		return "", errors.New("hash migrations: " + err.Error())
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

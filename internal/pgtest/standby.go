@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // StartStandby makes a streaming standby of primary: a base backup taken
@@ -45,7 +47,7 @@ func StartStandby(ctx context.Context, primary *Cluster) (*Cluster, error) {
 		return nil, err
 	}
 	for try := 0; ; try++ {
-		if c.Port, err = freePort(); err != nil {
+		if c.Port, err = testhelp.FreePort(); err != nil {
 			break
 		}
 		if err = c.Start(ctx); err == nil || try == 4 {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/pgworker/pgworker/internal/miniotest"
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 // Config configures Run.
@@ -114,9 +115,9 @@ func (d *demo) defaults() error {
 		c.Slots = 4
 	}
 	if c.Root == "" {
-		root, err := moduleRoot()
+		root, err := testhelp.ModuleRoot()
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: run the demo inside the pgworker module (make demo)", err)
 		}
 		c.Root = root
 	}
@@ -750,22 +751,4 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// moduleRoot walks up from the working directory to the directory of go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("run the demo inside the pgworker module (make demo)")
-		}
-		dir = parent
-	}
 }
