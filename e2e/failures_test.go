@@ -17,9 +17,9 @@ import (
 func TestBackendFailureRetries(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.bucket(), s.bucket()
+	in, out := s.Bucket(), s.Bucket()
 	for _, k := range []string{"good-1.txt", "bad-1.txt", "good-2.txt", "bad-2.txt", "good-3.txt"} {
-		s.put(in, k, []byte("content of "+k+"\n"))
+		s.Put(in, k, []byte("content of "+k+"\n"))
 	}
 	backend := s.script("picky", `case "$PGWORKER_SOURCE" in
 bad-*)
@@ -30,14 +30,14 @@ bad-*)
 esac
 cp -- "$1" "$2/copy"
 `)
-	s.enqueue([]string{"--max-attempts", "3"}, "good-1.txt", "bad-1.txt", "good-2.txt", "bad-2.txt", "good-3.txt")
+	s.Enqueue([]string{"--max-attempts", "3"}, "good-1.txt", "bad-1.txt", "good-2.txt", "bad-2.txt", "good-3.txt")
 	// The queue row appeared with the rows: make its backoff short, so that
 	// the delays are 150-300ms after the first failure, 300-600ms after the
 	// second.
 	const base = 300 * time.Millisecond
-	s.exec(`UPDATE files.queues SET backoff_base = $1 WHERE queue = 'default'`, base)
+	s.Exec(`UPDATE files.queues SET backoff_base = $1 WHERE queue = 'default'`, base)
 	s.start("--exec", backend+" {input} {output_dir}", "--slots", "2", "--input-store", in, "--output-store", out)
-	s.waitSettled(2 * time.Minute)
+	s.WaitSettled(2 * time.Minute)
 
 	for _, r := range s.rows() {
 		as := s.attempts(r.ID)
@@ -86,21 +86,21 @@ cp -- "$1" "$2/copy"
 func TestBackendTimeout(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
-	s.put(in, "polite", []byte("x"))
-	s.put(in, "stubborn", []byte("x"))
-	children := filepath.Join(s.dir, "children")
+	in, out := s.FileStore("in"), s.FileStore("out")
+	s.Put(in, "polite", []byte("x"))
+	s.Put(in, "stubborn", []byte("x"))
+	children := filepath.Join(s.Dir, "children")
 	backend := s.script("hang", `[ "$PGWORKER_SOURCE" = stubborn ] && trap '' TERM
 sleep 1000 &
 echo "$PGWORKER_SOURCE $!" >> `+shq(children)+`
 wait
 `)
-	s.enqueue([]string{"--max-attempts", "2"}, "polite", "stubborn")
-	s.exec(`UPDATE files.queues SET backoff_base = '100 ms'`)
+	s.Enqueue([]string{"--max-attempts", "2"}, "polite", "stubborn")
+	s.Exec(`UPDATE files.queues SET backoff_base = '100 ms'`)
 	start := time.Now()
 	s.start("--exec", backend, "--slots", "2", "--timeout", "1s", "--kill-grace", "1s",
 		"--input-store", in, "--output-store", out)
-	s.waitSettled(time.Minute)
+	s.WaitSettled(time.Minute)
 	t.Logf("both rows failed after %s", time.Since(start).Round(time.Millisecond))
 
 	for _, r := range s.rows() {
@@ -147,9 +147,9 @@ wait
 func TestKillDashNine(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.bucket(), s.bucket()
+	in, out := s.Bucket(), s.Bucket()
 	for i := 1; i <= 4; i++ {
-		s.put(in, fmt.Sprintf("in-%d", i), []byte("x"))
+		s.Put(in, fmt.Sprintf("in-%d", i), []byte("x"))
 	}
 	s.makeGates(1, 2, 3, 4)
 	backend := s.gatedBackend()
@@ -159,22 +159,22 @@ func TestKillDashNine(t *testing.T) {
 	// The survivor reaps every lease timeout: 2s keeps the test short
 	// without risking its own lease on a loaded machine.
 	victim := s.start(slices.Concat(args, []string{"--lease-timeout", "1s"})...)
-	s.waitSlots(time.Minute, victim.pid(), 2, "active")
-	s.enqueue(nil, "in-1", "in-2", "in-3", "in-4")
+	s.waitSlots(time.Minute, victim.Pid(), 2, "active")
+	s.Enqueue(nil, "in-1", "in-2", "in-3", "in-4")
 	s.waitFor(time.Minute, "the victim's backends of rows 1 and 2 to start", func() bool {
 		return len(s.backendPIDs(1)) == 1 && len(s.backendPIDs(2)) == 1
 	})
-	if held := s.heldBy(victim.pid()); fmt.Sprint(held) != "[1 2]" {
+	if held := s.heldBy(victim.Pid()); fmt.Sprint(held) != "[1 2]" {
 		t.Fatalf("the victim holds rows %v, want [1 2]", held)
 	}
 
 	survivor := s.start(slices.Concat(args, []string{"--lease-timeout", "2s"})...)
 	s.waitFor(time.Minute, "the survivor to take rows 3 and 4", func() bool {
-		return fmt.Sprint(s.heldBy(survivor.pid())) == "[3 4]"
+		return fmt.Sprint(s.heldBy(survivor.Pid())) == "[3 4]"
 	})
 
-	victim.signal(syscall.SIGKILL)
-	if code := victim.wait(30 * time.Second); code != -1 {
+	victim.Signal(syscall.SIGKILL)
+	if code := victim.Wait(30 * time.Second); code != -1 {
 		t.Fatalf("the victim exited %d, want death by SIGKILL", code)
 	}
 	// The survivor's slots are busy until rows 3 and 4 finish; rows 1 and 2
@@ -182,7 +182,7 @@ func TestKillDashNine(t *testing.T) {
 	for _, id := range []int64{3, 4, 1, 2} {
 		s.openGate(id)
 	}
-	s.waitSettled(time.Minute)
+	s.WaitSettled(time.Minute)
 
 	for _, r := range s.rows() {
 		as := s.attempts(r.ID)
@@ -196,8 +196,8 @@ func TestKillDashNine(t *testing.T) {
 			t.Errorf("row %d: state %s, attempts %v; want done once", r.ID, r.State, outcomes(as))
 			continue
 		}
-		if pid := s.workerPID(done[0].WorkerID); pid != survivor.pid() {
-			t.Errorf("row %d was done by pid %d, want the survivor %d", r.ID, pid, survivor.pid())
+		if pid := s.workerPID(done[0].WorkerID); pid != survivor.Pid() {
+			t.Errorf("row %d was done by pid %d, want the survivor %d", r.ID, pid, survivor.Pid())
 		}
 		m, err := r.manifest()
 		if err != nil {
@@ -226,23 +226,23 @@ func TestKillDashNine(t *testing.T) {
 			continue
 		}
 		lost := as[0]
-		if s.workerPID(lost.WorkerID) != victim.pid() || !strings.Contains(lost.Error, lost.WorkerID) {
+		if s.workerPID(lost.WorkerID) != victim.Pid() || !strings.Contains(lost.Error, lost.WorkerID) {
 			t.Errorf("row %d: lost attempt by %s with error %q, want the victim's", r.ID, lost.WorkerID, lost.Error)
 		}
 		if !as[1].StartedAt.After(*lost.FinishedAt) || as[1].Attempt != 2 {
 			t.Errorf("row %d: attempt %d started at %s, before the lost one was reaped at %s",
 				r.ID, as[1].Attempt, as[1].StartedAt, lost.FinishedAt)
 		}
-		silence := s.count(`SELECT (extract(epoch FROM $1::timestamptz - w.last_heartbeat_at) * 1000)::int
+		silence := s.MustCount(`SELECT (extract(epoch FROM $1::timestamptz - w.last_heartbeat_at) * 1000)::int
 			FROM files.workers w WHERE w.worker_id = $2`, *lost.FinishedAt, lost.WorkerID)
 		if silence < 1000 {
 			t.Errorf("row %d was reaped %dms after its worker's last heartbeat, within the 1s lease", r.ID, silence)
 		}
 	}
-	if st := s.slotStates(victim.pid()); strings.Join(st, ",") != "dead,dead" {
+	if st := s.slotStates(victim.Pid()); strings.Join(st, ",") != "dead,dead" {
 		t.Errorf("the victim's slots are %v, want dead", st)
 	}
-	if n := s.count(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`); n != 2 {
+	if n := s.MustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`); n != 2 {
 		t.Errorf("%d lost attempts, want 2", n)
 	}
 	// The victim's backends died with it (they are blocked at their gates otherwise).

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgworker/pgworker/internal/harness"
 )
 
 // TestFileStores runs the sample backend, summarize, with file:// input and
@@ -14,23 +16,23 @@ import (
 func TestFileStores(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out/results")
+	in, out := s.FileStore("in"), s.FileStore("out/results")
 	inputs := sampleInputs(t, true)
 	keys := []string{"notes/" + firstKey(inputs, "notes/"), "logs/" + firstKey(inputs, "logs/"),
 		"sales/sales-001.csv", "sales/damaged-01.csv"}
 	for _, k := range keys {
-		s.put(in, k, inputs[k])
+		s.Put(in, k, inputs[k])
 	}
 	summarize, err := filepath.Abs("../testdata/backend/summarize")
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := s.pgworker(nil, "enqueue", "--from", in, "--max-attempts", "1")
+	res := s.Pgworker(nil, "enqueue", "--from", in, "--max-attempts", "1")
 	if res.Code != 0 || !strings.Contains(res.Stdout, "enqueued 4 rows") {
 		t.Fatalf("enqueue --from: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 	s.start("--exec", summarize+" {input} {output_dir}", "--slots", "2", "--input-store", in, "--output-store", out)
-	s.waitSettled(2 * time.Minute)
+	s.WaitSettled(2 * time.Minute)
 
 	for _, r := range s.rows() {
 		key := strings.TrimPrefix(r.Source, in+"/")
@@ -56,15 +58,15 @@ func TestFileStores(t *testing.T) {
 		if !strings.HasPrefix(m.OutputRoot, out+"/") {
 			t.Errorf("row %d: output root %s is not in the output store %s", r.ID, m.OutputRoot, out)
 		}
-		if m.Input.SHA256 != sha256Hex(inputs[key]) {
-			t.Errorf("row %d: input sha256 %s, want %s", r.ID, m.Input.SHA256, sha256Hex(inputs[key]))
+		if m.Input.SHA256 != harness.SHA256Hex(inputs[key]) {
+			t.Errorf("row %d: input sha256 %s, want %s", r.ID, m.Input.SHA256, harness.SHA256Hex(inputs[key]))
 		}
 		got, err := s.checkOutputs(r.ID, m)
 		if err != nil {
 			t.Error(err)
 			continue
 		}
-		if len(got) != 2 || !strings.HasPrefix(string(got["SHA256SUMS"]), sha256Hex(inputs[key])+"  ") ||
+		if len(got) != 2 || !strings.HasPrefix(string(got["SHA256SUMS"]), harness.SHA256Hex(inputs[key])+"  ") ||
 			!strings.Contains(string(got["summary.txt"]), filepath.Base(key)) {
 			t.Errorf("row %d (%s): outputs %q", r.ID, key, got)
 		}

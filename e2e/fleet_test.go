@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgworker/pgworker/internal/harness"
 )
 
 // inputsDir holds the sample data set.
@@ -57,14 +59,14 @@ func sortedKeys[V any](m map[string]V) []string {
 func TestFleet(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.bucket(), s.bucket()
+	in, out := s.Bucket(), s.Bucket()
 	inputs := sampleInputs(t, false)
 	keys := sortedKeys(inputs)
 	if len(keys) != 200 {
 		t.Fatalf("want the 200 good sample files, found %d", len(keys))
 	}
 	if errs := parallel(len(keys), 8, func(i int) error {
-		return s.tryPut(in, keys[i], inputs[keys[i]])
+		return s.TryPut(in, keys[i], inputs[keys[i]])
 	}); len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -76,32 +78,32 @@ func TestFleet(t *testing.T) {
 			"--input-store", in, "--output-store", out+"/results"))
 	}
 	for _, p := range procs {
-		s.waitSlots(time.Minute, p.pid(), 4, "active")
+		s.waitSlots(time.Minute, p.Pid(), 4, "active")
 	}
 
 	sources := append(append([]string{}, keys...), keys[:100]...)
-	res := s.pgworker(strings.NewReader(strings.Join(sources, "\n")+"\n"), "enqueue", "--batch-size", "128")
+	res := s.Pgworker(strings.NewReader(strings.Join(sources, "\n")+"\n"), "enqueue", "--batch-size", "128")
 	if res.Code != 0 || !strings.Contains(res.Stdout, "enqueued 300 rows") {
 		t.Fatalf("enqueue: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 	start := time.Now()
-	s.waitSettled(3 * time.Minute)
+	s.WaitSettled(3 * time.Minute)
 	t.Logf("300 rows settled in %s", time.Since(start).Round(time.Millisecond))
 
 	rows := s.rows()
 	if len(rows) != 300 {
 		t.Fatalf("%d rows, want 300", len(rows))
 	}
-	if n := s.count(`SELECT count(*) FROM files.files WHERE state <> 'done'`); n != 0 {
+	if n := s.MustCount(`SELECT count(*) FROM files.files WHERE state <> 'done'`); n != 0 {
 		t.Fatalf("%d rows are not done", n)
 	}
 	// One done attempt per row, and it is the one the result belongs to; the
 	// result is stored once, on the row.
-	if n := s.count(`SELECT count(*) FROM files.files f WHERE (SELECT count(*) FROM files.attempts a
+	if n := s.MustCount(`SELECT count(*) FROM files.files f WHERE (SELECT count(*) FROM files.attempts a
 		WHERE a.file_id = f.id AND a.outcome = 'done') <> 1`); n != 0 {
 		t.Errorf("%d rows do not have exactly one done attempt", n)
 	}
-	if n := s.count(`SELECT count(*) FROM files.files f JOIN files.attempts a ON a.file_id = f.id AND a.outcome = 'done'
+	if n := s.MustCount(`SELECT count(*) FROM files.files f JOIN files.attempts a ON a.file_id = f.id AND a.outcome = 'done'
 		WHERE f.result->>'worker_id' IS DISTINCT FROM a.worker_id OR (f.result->>'attempt')::int IS DISTINCT FROM a.attempt
 		   OR a.output IS NOT NULL`); n != 0 {
 		t.Errorf("%d rows have a result that is not their done attempt's", n)
@@ -114,7 +116,7 @@ func TestFleet(t *testing.T) {
 			return err
 		}
 		want := inputs[r.Source]
-		if m.Input.SHA256 != sha256Hex(want) || m.Input.Size != int64(len(want)) {
+		if m.Input.SHA256 != harness.SHA256Hex(want) || m.Input.Size != int64(len(want)) {
 			return fmt.Errorf("row %d (%s): manifest input %+v does not match the file", r.ID, r.Source, m.Input)
 		}
 		got, err := s.checkOutputs(r.ID, m)
@@ -137,14 +139,14 @@ func TestFleet(t *testing.T) {
 	// files.worker_metrics accounts for every row, and every process did some.
 	var total int
 	for _, p := range procs {
-		done := s.count(`SELECT coalesce(sum(done), 0) FROM files.worker_metrics WHERE pid = $1`, p.pid())
-		failed := s.count(`SELECT coalesce(sum(failed), 0) FROM files.worker_metrics WHERE pid = $1`, p.pid())
-		t.Logf("%s (pid %d): %d done, %d failed", p.name, p.pid(), done, failed)
+		done := s.MustCount(`SELECT coalesce(sum(done), 0) FROM files.worker_metrics WHERE pid = $1`, p.Pid())
+		failed := s.MustCount(`SELECT coalesce(sum(failed), 0) FROM files.worker_metrics WHERE pid = $1`, p.Pid())
+		t.Logf("%s (pid %d): %d done, %d failed", p.Name, p.Pid(), done, failed)
 		if done == 0 {
-			t.Errorf("%s did no row", p.name)
+			t.Errorf("%s did no row", p.Name)
 		}
 		if failed != 0 {
-			t.Errorf("%s failed %d attempts", p.name, failed)
+			t.Errorf("%s failed %d attempts", p.Name, failed)
 		}
 		total += done
 	}
@@ -153,14 +155,14 @@ func TestFleet(t *testing.T) {
 	}
 
 	for _, p := range procs {
-		p.signal(syscall.SIGTERM)
+		p.Signal(syscall.SIGTERM)
 	}
 	for _, p := range procs {
-		if code := p.wait(time.Minute); code != 0 {
-			t.Errorf("%s exited %d after SIGTERM, want 0", p.name, code)
+		if code := p.Wait(time.Minute); code != 0 {
+			t.Errorf("%s exited %d after SIGTERM, want 0", p.Name, code)
 		}
-		if st := s.slotStates(p.pid()); strings.Join(st, ",") != "stopped,stopped,stopped,stopped" {
-			t.Errorf("%s: slots %v after a clean stop, want 4 stopped", p.name, st)
+		if st := s.slotStates(p.Pid()); strings.Join(st, ",") != "stopped,stopped,stopped,stopped" {
+			t.Errorf("%s: slots %v after a clean stop, want 4 stopped", p.Name, st)
 		}
 	}
 }

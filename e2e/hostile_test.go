@@ -22,14 +22,14 @@ import (
 func TestHostileSources(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	root := filepath.Join(s.dir, "stores")
-	in, out := s.fileStore("stores/in/data"), s.fileStore("stores/out")
+	root := filepath.Join(s.Dir, "stores")
+	in, out := s.FileStore("stores/in/data"), s.FileStore("stores/out")
 	// Right outside the input store: what a traversal would read.
 	if err := os.WriteFile(filepath.Join(root, "in", "secret.txt"), []byte("secret"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.put(in, "ok.txt", []byte("fine"))
-	ran := filepath.Join(s.dir, "ran")
+	s.Put(in, "ok.txt", []byte("fine"))
+	ran := filepath.Join(s.Dir, "ran")
 	backend := s.script("record", `echo "$PGWORKER_SOURCE" >> `+shq(ran)+`
 cp -- "$1" "$2/copy"
 `)
@@ -42,11 +42,11 @@ cp -- "$1" "$2/copy"
 		"file://" + filepath.Join(root, "in", "secret.txt"),
 		"missing.txt",
 	}
-	s.enqueue(nil, append([]string{"ok.txt"}, hostile...)...)
+	s.Enqueue(nil, append([]string{"ok.txt"}, hostile...)...)
 	p := s.start("--exec", backend+" {input} {output_dir}", "--slots", "2", "--input-store", in, "--output-store", out)
-	s.waitSettled(time.Minute)
+	s.WaitSettled(time.Minute)
 
-	log := p.logText()
+	log := p.LogText()
 	for _, r := range s.rows() {
 		if r.Source == "ok.txt" {
 			if r.State != "done" {
@@ -80,8 +80,8 @@ cp -- "$1" "$2/copy"
 func TestHostileArgv(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.bucket(), s.bucket()
-	mark := func(n int) string { return filepath.Join(s.dir, "pwned-"+strconv.Itoa(n)) }
+	in, out := s.Bucket(), s.Bucket()
+	mark := func(n int) string { return filepath.Join(s.Dir, "pwned-"+strconv.Itoa(n)) }
 	sources := []string{
 		"odd/name; touch " + mark(1),
 		"odd/$(touch " + mark(2) + ")",
@@ -91,14 +91,14 @@ func TestHostileArgv(t *testing.T) {
 		"odd/$HOME ${PATH} {id} {{input}}",
 	}
 	for _, src := range sources {
-		s.put(in, src, []byte(src))
+		s.Put(in, src, []byte(src))
 	}
 	backend := s.script("argv", `printf '%s\n' "$#" "$@" > "$PGWORKER_OUTPUT_DIR/argv"
 export -p > "$PGWORKER_OUTPUT_DIR/env"
 `)
-	s.enqueue(nil, sources...)
+	s.Enqueue(nil, sources...)
 	s.start("--exec", backend+" {source} {input} {id}", "--slots", "2", "--input-store", in, "--output-store", out)
-	s.waitSettled(time.Minute)
+	s.WaitSettled(time.Minute)
 
 	for _, r := range s.rows() {
 		if r.State != "done" {
@@ -123,7 +123,7 @@ export -p > "$PGWORKER_OUTPUT_DIR/env"
 		if !strings.Contains(env, "PGWORKER_ID") {
 			t.Errorf("row %d: the backend's environment lacks PGWORKER_ID:\n%s", r.ID, env)
 		}
-		for _, secret := range []string{s.s3.SecretKey, "AWS_ACCESS_KEY_ID", "PGWORKER_DATABASE_URL", s.dbURL} {
+		for _, secret := range []string{s.S3.SecretKey, "AWS_ACCESS_KEY_ID", "PGWORKER_DATABASE_URL", s.DatabaseURL} {
 			if strings.Contains(env, secret) {
 				t.Errorf("row %d: the backend's environment holds %q", r.ID, secret)
 			}
@@ -142,22 +142,22 @@ export -p > "$PGWORKER_OUTPUT_DIR/env"
 func TestExecRefused(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	out := s.fileStore("out")
-	notExec := filepath.Join(s.dir, "not-executable")
+	out := s.FileStore("out")
+	notExec := filepath.Join(s.Dir, "not-executable")
 	if err := os.WriteFile(notExec, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	missing := filepath.Join(s.dir, "no", "such", "program")
+	missing := filepath.Join(s.Dir, "no", "such", "program")
 	for _, tc := range []struct {
 		exec, want string
 	}{
 		{missing + " {input}", missing + " does not exist"},
 		{notExec + " {input}", notExec + " has no execute permission"},
-		{s.dir + " {input}", s.dir + " is a directory"},
+		{s.Dir + " {input}", s.Dir + " is a directory"},
 		{"no-such-program-in-path {input}", `"no-such-program-in-path" is not in PATH`},
 	} {
 		start := time.Now()
-		res := s.pgworker(nil, "run", "--exec", tc.exec, "--output-store", out)
+		res := s.Pgworker(nil, "run", "--exec", tc.exec, "--output-store", out)
 		lines := pgworkerbin.Lines(res.Stderr)
 		// A program that cannot run is a runtime error (exit 1), not a
 		// command-line mistake: it may be on a mount that is not there yet.
@@ -169,7 +169,7 @@ func TestExecRefused(t *testing.T) {
 			t.Errorf("--exec %q: took %s to refuse", tc.exec, d)
 		}
 	}
-	if n := s.count(`SELECT count(*) FROM files.workers`); n != 0 {
+	if n := s.MustCount(`SELECT count(*) FROM files.workers`); n != 0 {
 		t.Errorf("%d slots registered by runs that refused to start", n)
 	}
 }
@@ -180,22 +180,22 @@ func TestEnqueueBadPayload(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	for _, payload := range []string{`{not json`, `[1, 2]`, `"text"`, `{"a": 1} {"b": 2}`, ``} {
-		res := s.pgworker(strings.NewReader("c\nd\n"), "enqueue", "--payload", payload, "a", "b", "-")
+		res := s.Pgworker(strings.NewReader("c\nd\n"), "enqueue", "--payload", payload, "a", "b", "-")
 		lines := pgworkerbin.Lines(res.Stderr)
 		if res.Code != 2 || res.Stdout != "" || len(lines) != 1 || !strings.Contains(lines[0], "--payload") {
 			t.Errorf("--payload %q: exit %d, stdout %q, stderr %q; want exit 2 and one line about --payload",
 				payload, res.Code, res.Stdout, res.Stderr)
 		}
 	}
-	if n := s.count(`SELECT count(*) FROM files.files`); n != 0 {
+	if n := s.MustCount(`SELECT count(*) FROM files.files`); n != 0 {
 		t.Errorf("%d rows enqueued with a bad payload", n)
 	}
 	// The same command with a good payload works: the failures were the payload's.
-	res := s.pgworker(strings.NewReader("c\nd\n"), "enqueue", "--payload", `{"size": 200}`, "a", "b", "-")
+	res := s.Pgworker(strings.NewReader("c\nd\n"), "enqueue", "--payload", `{"size": 200}`, "a", "b", "-")
 	if res.Code != 0 {
 		t.Fatalf("good payload: exit %d, stderr %q", res.Code, res.Stderr)
 	}
-	if n := s.count(`SELECT count(*) FROM files.files WHERE payload = '{"size": 200}'`); n != 4 {
+	if n := s.MustCount(`SELECT count(*) FROM files.files WHERE payload = '{"size": 200}'`); n != 4 {
 		t.Errorf("%d rows with the good payload, want 4", n)
 	}
 }
@@ -206,24 +206,24 @@ func TestEnqueueBadPayload(t *testing.T) {
 func TestProgramGoneAfterStart(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
+	in, out := s.FileStore("in"), s.FileStore("out")
 	for i := range 3 {
-		s.put(in, fmt.Sprintf("in-%d.txt", i), []byte("x"))
+		s.Put(in, fmt.Sprintf("in-%d.txt", i), []byte("x"))
 	}
 	prog := s.script("copy", `cp "$1" "$2/"`+"\n")
 	p := s.start("--exec", prog+" {input} {output_dir}", "--input-store", in, "--output-store", out,
 		"--heartbeat", "200ms", "--lease-timeout", "2s")
 	s.waitFor(30*time.Second, "the slot to register", func() bool {
-		return s.count(`SELECT count(*) FROM files.workers WHERE state = 'active'`) == 1
+		return s.MustCount(`SELECT count(*) FROM files.workers WHERE state = 'active'`) == 1
 	})
 	if err := os.Chmod(prog, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.enqueue([]string{"--max-attempts", "5"}, "in-0.txt", "in-1.txt", "in-2.txt")
+	s.Enqueue([]string{"--max-attempts", "5"}, "in-0.txt", "in-1.txt", "in-2.txt")
 	s.waitFor(30*time.Second, "releases", func() bool {
-		return s.count(`SELECT count(*) FROM files.attempts WHERE outcome = 'released' AND error LIKE '%not executable%'`) >= 3
+		return s.MustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'released' AND error LIKE '%not executable%'`) >= 3
 	})
-	if n := s.count(`SELECT count(*) FROM files.files WHERE state = 'failed'`); n != 0 {
+	if n := s.MustCount(`SELECT count(*) FROM files.files WHERE state = 'failed'`); n != 0 {
 		t.Fatalf("%d rows failed because the node lost its program", n)
 	}
 
@@ -232,10 +232,10 @@ func TestProgramGoneAfterStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitFor(time.Minute, "the rows to finish", func() bool {
-		return s.count(`SELECT count(*) FROM files.files WHERE state = 'done'`) == 3
+		return s.MustCount(`SELECT count(*) FROM files.files WHERE state = 'done'`) == 3
 	})
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(30 * time.Second); code != 0 {
-		t.Fatalf("exit %d\n%s", code, p.logTail(20))
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.LogTail(20))
 	}
 }

@@ -14,16 +14,16 @@ import (
 func TestCancelRunning(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.bucket(), s.bucket()
-	s.put(in, "a", []byte("a"))
-	s.put(in, "b", []byte("b"))
+	in, out := s.Bucket(), s.Bucket()
+	s.Put(in, "a", []byte("a"))
+	s.Put(in, "b", []byte("b"))
 	s.makeGates(1, 2)
 	s.start("--exec", s.gatedBackend(), "--slots", "1", "--input-store", in, "--output-store", out)
-	s.enqueue(nil, "a")
+	s.Enqueue(nil, "a")
 	s.waitFor(time.Minute, "the backend of row 1 to start", func() bool { return len(s.backendPIDs(1)) == 1 })
 	pid := s.backendPIDs(1)[0]
 
-	res := s.pgworker(nil, "cancel", "1")
+	res := s.Pgworker(nil, "cancel", "1")
 	if res.Code != 0 || !strings.Contains(res.Stdout, "cancelled 1 row") {
 		t.Fatalf("cancel: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
@@ -39,7 +39,7 @@ func TestCancelRunning(t *testing.T) {
 	}
 
 	// The slot is free again: the next row runs through.
-	s.enqueue(nil, "b")
+	s.Enqueue(nil, "b")
 	s.openGate(2)
 	s.waitState(time.Minute, 2, "done")
 
@@ -55,34 +55,34 @@ func TestCancelRunning(t *testing.T) {
 func TestPauseResume(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
+	in, out := s.FileStore("in"), s.FileStore("out")
 	for _, k := range []string{"p1", "p2", "p3", "other"} {
-		s.put(in, k, []byte(k))
+		s.Put(in, k, []byte(k))
 	}
-	if res := s.pgworker(nil, "pause", "thumbs"); res.Code != 0 || !strings.Contains(res.Stdout, `paused queue "thumbs"`) {
+	if res := s.Pgworker(nil, "pause", "thumbs"); res.Code != 0 || !strings.Contains(res.Stdout, `paused queue "thumbs"`) {
 		t.Fatalf("pause: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
-	s.enqueue([]string{"--queue", "thumbs"}, "p1", "p2", "p3")
+	s.Enqueue([]string{"--queue", "thumbs"}, "p1", "p2", "p3")
 	p := s.start("--exec", "cp -- {input} {output_dir}/copy", "--slots", "2", "--input-store", in, "--output-store", out)
-	s.waitSlots(time.Minute, p.pid(), 2, "active")
+	s.waitSlots(time.Minute, p.Pid(), 2, "active")
 
 	// A row of another queue, enqueued after them, is done: the worker was
 	// awake and claiming, and passed over the paused rows.
-	s.enqueue(nil, "other")
+	s.Enqueue(nil, "other")
 	s.waitState(time.Minute, 4, "done")
 	for id := int64(1); id <= 3; id++ {
 		if r, as := s.row(id), s.attempts(id); r.State != "pending" || r.Attempt != 0 || len(as) != 0 {
 			t.Fatalf("row %d of the paused queue: state %s, attempts %v; want pending, untouched", id, r.State, outcomes(as))
 		}
 	}
-	if n := s.count(`SELECT count(*) FROM files.active_workers WHERE pid = $1 AND file_id IS NULL`, p.pid()); n != 2 {
+	if n := s.MustCount(`SELECT count(*) FROM files.active_workers WHERE pid = $1 AND file_id IS NULL`, p.Pid()); n != 2 {
 		t.Errorf("%d idle slots, want 2", n)
 	}
 
-	if res := s.pgworker(nil, "resume", "thumbs"); res.Code != 0 {
+	if res := s.Pgworker(nil, "resume", "thumbs"); res.Code != 0 {
 		t.Fatalf("resume: exit %d, stderr %q", res.Code, res.Stderr)
 	}
-	s.waitSettled(time.Minute)
+	s.WaitSettled(time.Minute)
 	for _, r := range s.rows() {
 		if r.State != "done" {
 			t.Errorf("row %d: %s after resume, want done", r.ID, r.State)
@@ -95,11 +95,11 @@ func TestPauseResume(t *testing.T) {
 func TestRetryFailed(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
+	in, out := s.FileStore("in"), s.FileStore("out")
 	for _, k := range []string{"a", "b", "c"} {
-		s.put(in, k, []byte(k))
+		s.Put(in, k, []byte(k))
 	}
-	fixed := filepath.Join(s.dir, "fixed")
+	fixed := filepath.Join(s.Dir, "fixed")
 	backend := s.script("flaky", `if [ ! -e `+shq(fixed)+` ] && [ "$PGWORKER_SOURCE" != c ]; then
 	echo "flaky: not fixed yet" >&2
 	exit 1
@@ -107,20 +107,20 @@ fi
 cp -- "$1" "$2/copy"
 `)
 	s.start("--exec", backend+" {input} {output_dir}", "--slots", "2", "--input-store", in, "--output-store", out)
-	s.enqueue([]string{"--max-attempts", "1"}, "a", "b", "c")
-	s.waitSettled(time.Minute)
-	if got := s.count(`SELECT count(*) FROM files.files WHERE state = 'failed'`); got != 2 {
+	s.Enqueue([]string{"--max-attempts", "1"}, "a", "b", "c")
+	s.WaitSettled(time.Minute)
+	if got := s.MustCount(`SELECT count(*) FROM files.files WHERE state = 'failed'`); got != 2 {
 		t.Fatalf("%d failed rows, want 2 (a and b)", got)
 	}
 
 	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res := s.pgworker(nil, "retry", "--failed")
+	res := s.Pgworker(nil, "retry", "--failed")
 	if res.Code != 0 || !strings.Contains(res.Stdout, "requeued 2 rows") {
 		t.Fatalf("retry --failed: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
-	s.waitSettled(time.Minute)
+	s.WaitSettled(time.Minute)
 	for _, r := range s.rows() {
 		as := s.attempts(r.ID)
 		want := "failed,done"

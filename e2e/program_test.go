@@ -32,20 +32,20 @@ func logRecords(t *testing.T, log string) []map[string]any {
 func TestProgramLogBudget(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
-	s.put(in, "a.txt", []byte("a"))
+	in, out := s.FileStore("in"), s.FileStore("out")
+	s.Put(in, "a.txt", []byte("a"))
 	const written, budget = 20000, 50
 	chatty := s.script("chatty", `i=0
 while [ $i -lt `+strconv.Itoa(written)+` ]; do echo "chatty line $i" >&2; i=$((i+1)); done
 `)
-	s.enqueue(nil, "a.txt")
+	s.Enqueue(nil, "a.txt")
 	p := s.start("--exec", chatty, "--row-log-lines", strconv.Itoa(budget), "--input-store", in, "--output-store", out)
 	s.waitState(2*time.Minute, 1, "done")
-	p.signal(syscall.SIGTERM)
-	p.wait(time.Minute)
+	p.Signal(syscall.SIGTERM)
+	p.Wait(time.Minute)
 
 	logged, summaries := 0, []string{}
-	for _, rec := range logRecords(t, p.logText()) {
+	for _, rec := range logRecords(t, p.LogText()) {
 		switch msg, _ := rec["msg"].(string); {
 		case msg == "backend stderr":
 			logged++
@@ -69,21 +69,21 @@ while [ $i -lt `+strconv.Itoa(written)+` ]; do echo "chatty line $i" >&2; i=$((i
 func TestLargePayloadReachesProgram(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
-	s.put(in, "a.txt", []byte("a"))
+	in, out := s.FileStore("in"), s.FileStore("out")
+	s.Put(in, "a.txt", []byte("a"))
 	copier := s.script("payload", `test "$1" = "$PGWORKER_PAYLOAD_FILE" || { echo "{payload_file} $1 is not PGWORKER_PAYLOAD_FILE" >&2; exit 1; }
 test -z "${PGWORKER_PAYLOAD+set}" || { echo "PGWORKER_PAYLOAD is set" >&2; exit 1; }
 cp -- "$1" "$PGWORKER_OUTPUT_DIR/payload.json"
 `)
-	s.enqueue([]string{"--max-attempts", "3"}, "a.txt")
+	s.Enqueue([]string{"--max-attempts", "3"}, "a.txt")
 	big := map[string]string{"text": strings.Repeat("0123456789abcdef", 200<<10/16)}
 	b, err := json.Marshal(big)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.exec(`UPDATE files.files SET payload = $1 WHERE id = 1`, string(b))
+	s.Exec(`UPDATE files.files SET payload = $1 WHERE id = 1`, string(b))
 	s.start("--exec", copier+" {payload_file}", "--input-store", in, "--output-store", out)
-	s.waitSettled(2 * time.Minute)
+	s.WaitSettled(2 * time.Minute)
 
 	r := s.row(1)
 	if r.State != "done" || r.Attempt != 1 {
@@ -109,9 +109,9 @@ cp -- "$1" "$PGWORKER_OUTPUT_DIR/payload.json"
 func TestArgTooLongFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
-	s.put(in, "a.txt", []byte("a"))
-	s.enqueue([]string{"--max-attempts", "5"}, "a.txt")
+	in, out := s.FileStore("in"), s.FileStore("out")
+	s.Put(in, "a.txt", []byte("a"))
+	s.Enqueue([]string{"--max-attempts", "5"}, "a.txt")
 	// One word of 2,000 input paths: some 200 KB.
 	word := strings.Repeat("{input}", 2000)
 	s.start("--exec", "/bin/echo "+word, "--input-store", in, "--output-store", out)
@@ -129,8 +129,8 @@ func TestArgTooLongFailsAtOnce(t *testing.T) {
 // own (setsid), which records its pid in daemon-ID, and then, when hang is
 // true, waits forever.
 func (s *stack) daemonBackend(hang bool) string {
-	s.t.Helper()
-	d := shq(s.dir)
+	s.T.Helper()
+	d := shq(s.Dir)
 	tail := "exit 0\n"
 	if hang {
 		tail = "exec sleep 1000\n"
@@ -146,8 +146,8 @@ mv `+d+`/daemon-"$PGWORKER_ID".tmp `+d+`/daemon-"$PGWORKER_ID"
 
 // daemonPID waits until the daemon of row id has recorded its pid.
 func (s *stack) daemonPID(id int64) int {
-	s.t.Helper()
-	path := filepath.Join(s.dir, "daemon-"+strconv.FormatInt(id, 10))
+	s.T.Helper()
+	path := filepath.Join(s.Dir, "daemon-"+strconv.FormatInt(id, 10))
 	var pid int
 	s.waitFor(time.Minute, "the daemon of row "+strconv.FormatInt(id, 10)+" to start", func() bool {
 		b, err := os.ReadFile(path)
@@ -157,7 +157,7 @@ func (s *stack) daemonPID(id int64) int {
 		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil
 	})
-	s.t.Cleanup(func() {
+	s.T.Cleanup(func() {
 		if alive(pid) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -174,9 +174,9 @@ func TestProgramDaemonEndsWithItsRow(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			s := newStack(t)
-			in, out := s.fileStore("in"), s.fileStore("out")
-			s.put(in, "a.txt", []byte("a"))
-			s.enqueue([]string{"--max-attempts", "1"}, "a.txt")
+			in, out := s.FileStore("in"), s.FileStore("out")
+			s.Put(in, "a.txt", []byte("a"))
+			s.Enqueue([]string{"--max-attempts", "1"}, "a.txt")
 			args := []string{"--exec", s.daemonBackend(mode != "exit"), "--input-store", in, "--output-store", out}
 			if mode == "timeout" {
 				args = append(args, "--timeout", "3s")
@@ -190,9 +190,9 @@ func TestProgramDaemonEndsWithItsRow(t *testing.T) {
 				s.waitState(time.Minute, 1, "failed")
 			case "stop":
 				// Drain, then stop at once: the running program is killed.
-				p.signal(syscall.SIGTERM)
-				p.signal(syscall.SIGTERM)
-				p.wait(time.Minute)
+				p.Signal(syscall.SIGTERM)
+				p.Signal(syscall.SIGTERM)
+				p.Wait(time.Minute)
 			}
 			// The row's end is recorded after its program's leftovers are killed.
 			if alive(pid) {
@@ -213,20 +213,20 @@ func TestRunAsProgramCannotReadWorker(t *testing.T) {
 	}
 	s := newStack(t)
 	// The unprivileged user must reach the scripts and the work directory.
-	if err := os.Chmod(filepath.Dir(s.dir), 0o711); err != nil {
+	if err := os.Chmod(filepath.Dir(s.Dir), 0o711); err != nil {
 		t.Fatal(err)
 	}
-	in, out := s.fileStore("in"), s.fileStore("out")
-	s.put(in, "a.txt", []byte("input a"))
+	in, out := s.FileStore("in"), s.FileStore("out")
+	s.Put(in, "a.txt", []byte("input a"))
 	probe := s.script("probe", `o="$PGWORKER_OUTPUT_DIR"
 for f in environ cmdline; do cat /proc/$PPID/$f > "$o/$f" 2>/dev/null || echo denied > "$o/$f"; done
 if (exec 3</proc/$PPID/mem) 2>/dev/null; then echo opened > "$o/mem"; else echo denied > "$o/mem"; fi
 id -u > "$o/uid"
 cat "$PGWORKER_INPUT" "$PGWORKER_PAYLOAD_FILE" > "$o/copy"
 `)
-	s.enqueue([]string{"--payload", `{"p": 1}`}, "a.txt")
+	s.Enqueue([]string{"--payload", `{"p": 1}`}, "a.txt")
 	s.start("--exec", probe, "--run-as", "nobody", "--input-store", in, "--output-store", out)
-	s.waitSettled(2 * time.Minute)
+	s.WaitSettled(2 * time.Minute)
 	r := s.row(1)
 	if r.State != "done" {
 		t.Fatalf("row 1: %s (%s)", r.State, r.lastError())
@@ -247,7 +247,7 @@ cat "$PGWORKER_INPUT" "$PGWORKER_PAYLOAD_FILE" > "$o/copy"
 		t.Errorf("the program read %q, want its input and payload", text("copy"))
 	}
 	for _, k := range []string{"environ", "cmdline", "mem"} {
-		if strings.Contains(string(outs[k]), s.dbURL) {
+		if strings.Contains(string(outs[k]), s.DatabaseURL) {
 			t.Errorf("the program read the database URL from /proc/PPID/%s", k)
 		}
 	}
@@ -266,13 +266,13 @@ func TestProgramCannotReadWorker(t *testing.T) {
 	s := newStack(t)
 	// The unprivileged worker must reach its binary, the scripts and the
 	// stores, and own its work directory and output store.
-	for _, d := range []string{filepath.Dir(pgworkerBin), filepath.Dir(s.dir)} {
+	for _, d := range []string{filepath.Dir(pgworkerBin), filepath.Dir(s.Dir)} {
 		if err := os.Chmod(d, 0o711); err != nil {
 			t.Fatal(err)
 		}
 	}
-	in, out := s.fileStore("in"), s.fileStore("out")
-	work := filepath.Join(s.dir, "work-run-1")
+	in, out := s.FileStore("in"), s.FileStore("out")
+	work := filepath.Join(s.Dir, "work-run-1")
 	if err := os.Mkdir(work, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -281,18 +281,18 @@ func TestProgramCannotReadWorker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.put(in, "a.txt", []byte("a"))
+	s.Put(in, "a.txt", []byte("a"))
 	probe := s.script("probe", `o="$PGWORKER_OUTPUT_DIR"
 for f in environ cmdline; do cat /proc/$PPID/$f > "$o/$f" 2>/dev/null || echo denied > "$o/$f"; done
 if (exec 3</proc/$PPID/mem) 2>/dev/null; then echo opened > "$o/mem"; else echo denied > "$o/mem"; fi
 id -u > "$o/uid"
 `)
 	const secret = "canary-secret-key-0123456789"
-	s.env = append(s.env, "AWS_SECRET_ACCESS_KEY="+secret)
-	s.procAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
-	s.enqueue(nil, "a.txt")
+	s.Env = append(s.Env, "AWS_SECRET_ACCESS_KEY="+secret)
+	s.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
+	s.Enqueue(nil, "a.txt")
 	s.start("--exec", probe, "--input-store", in, "--output-store", out)
-	s.waitSettled(2 * time.Minute)
+	s.WaitSettled(2 * time.Minute)
 	r := s.row(1)
 	if r.State != "done" {
 		t.Fatalf("row 1: %s (%s)", r.State, r.lastError())

@@ -13,25 +13,25 @@ import (
 func TestDrain(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
+	in, out := s.FileStore("in"), s.FileStore("out")
 	for _, k := range []string{"a", "b", "c", "d"} {
-		s.put(in, k, []byte(k))
+		s.Put(in, k, []byte(k))
 	}
 	s.makeGates(1, 2, 3, 4)
 	p := s.start("--exec", s.gatedBackend(), "--slots", "2", "--drain-timeout", "2m",
 		"--input-store", in, "--output-store", out)
-	s.enqueue(nil, "a", "b", "c")
+	s.Enqueue(nil, "a", "b", "c")
 	s.waitFor(time.Minute, "the backends of rows 1 and 2 to start", func() bool {
 		return len(s.backendPIDs(1)) == 1 && len(s.backendPIDs(2)) == 1
 	})
 
-	p.signal(syscall.SIGTERM)
-	s.waitSlots(30*time.Second, p.pid(), 2, "draining")
+	p.Signal(syscall.SIGTERM)
+	s.waitSlots(30*time.Second, p.Pid(), 2, "draining")
 	// Work that arrives while draining is not taken either.
-	s.enqueue(nil, "d")
+	s.Enqueue(nil, "d")
 	s.openGate(1)
 	s.openGate(2)
-	if code := p.wait(time.Minute); code != 0 {
+	if code := p.Wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d after a drain, want 0", code)
 	}
 
@@ -44,11 +44,11 @@ func TestDrain(t *testing.T) {
 			t.Errorf("row %d: state %s, attempt %d, attempts %v; want it left pending, untouched", r.ID, r.State, r.Attempt, outcomes(as))
 		}
 	}
-	if st := s.slotStates(p.pid()); strings.Join(st, ",") != "stopped,stopped" {
+	if st := s.slotStates(p.Pid()); strings.Join(st, ",") != "stopped,stopped" {
 		t.Errorf("slots %v after the drain, want stopped", st)
 	}
-	if !strings.Contains(p.logText(), "draining") {
-		t.Errorf("the log does not mention the drain:\n%s", p.logTail(4000))
+	if !strings.Contains(p.LogText(), "draining") {
+		t.Errorf("the log does not mention the drain:\n%s", p.LogTail(4000))
 	}
 }
 
@@ -70,24 +70,24 @@ func TestDrainTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newStack(t)
-			in, out := s.fileStore("in"), s.fileStore("out")
-			s.put(in, "a", []byte("a"))
-			s.put(in, "b", []byte("b"))
+			in, out := s.FileStore("in"), s.FileStore("out")
+			s.Put(in, "a", []byte("a"))
+			s.Put(in, "b", []byte("b"))
 			s.makeGates(1, 2) // never opened: the backends run until stopped
 			p := s.start("--exec", s.gatedBackend(), "--slots", "2", "--drain-timeout", tc.drain,
 				"--kill-grace", "1s", "--input-store", in, "--output-store", out)
-			s.enqueue(nil, "a", "b")
+			s.Enqueue(nil, "a", "b")
 			s.waitFor(time.Minute, "the backends of rows 1 and 2 to start", func() bool {
 				return len(s.backendPIDs(1)) == 1 && len(s.backendPIDs(2)) == 1
 			})
 
-			p.signal(syscall.SIGTERM)
+			p.Signal(syscall.SIGTERM)
 			if tc.signals == 2 {
-				s.waitSlots(30*time.Second, p.pid(), 2, "draining")
-				p.signal(syscall.SIGTERM)
+				s.waitSlots(30*time.Second, p.Pid(), 2, "draining")
+				p.Signal(syscall.SIGTERM)
 			}
 			last := time.Now()
-			if code := p.wait(tc.within); code != 0 {
+			if code := p.Wait(tc.within); code != 0 {
 				t.Fatalf("exit %d, want 0", code)
 			}
 			t.Logf("exited %s after the last signal", time.Since(last).Round(time.Millisecond))
@@ -109,7 +109,7 @@ func TestDrainTimeout(t *testing.T) {
 					}
 				}
 			}
-			if st := s.slotStates(p.pid()); strings.Join(st, ",") != "stopped,stopped" {
+			if st := s.slotStates(p.Pid()); strings.Join(st, ",") != "stopped,stopped" {
 				t.Errorf("slots %v after the stop, want stopped", st)
 			}
 		})

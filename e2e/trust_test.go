@@ -16,22 +16,22 @@ import (
 // loginURL creates a LOGIN role that is a member of member (none when
 // empty) and returns a URL of the stack's database that connects as it.
 func (s *stack) loginURL(member string) string {
-	s.t.Helper()
+	s.T.Helper()
 	role := "pgworker_login_" + strings.ToLower(rand.Text()[:10])
 	password := rand.Text()
 	stmt := fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", role, password)
 	if member != "" {
 		stmt += " IN ROLE " + member
 	}
-	s.exec(stmt)
-	s.t.Cleanup(func() {
-		if _, err := s.db.Exec(context.Background(), "DROP ROLE "+role); err != nil {
-			s.t.Errorf("drop role %s: %v", role, err)
+	s.Exec(stmt)
+	s.T.Cleanup(func() {
+		if _, err := s.DB.Exec(context.Background(), "DROP ROLE "+role); err != nil {
+			s.T.Errorf("drop role %s: %v", role, err)
 		}
 	})
-	u, err := url.Parse(s.dbURL)
+	u, err := url.Parse(s.DatabaseURL)
 	if err != nil {
-		s.t.Fatal(err)
+		s.T.Fatal(err)
 	}
 	u.User = url.UserPassword(role, password)
 	return u.String()
@@ -46,12 +46,12 @@ func (s *stack) loginURL(member string) string {
 func TestForgedControlMessages(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
-	s.put(in, "a", []byte("a"))
-	s.put(in, "b", []byte("b"))
+	in, out := s.FileStore("in"), s.FileStore("out")
+	s.Put(in, "a", []byte("a"))
+	s.Put(in, "b", []byte("b"))
 	s.makeGates(1, 2)
 	s.start("--exec", s.gatedBackend(), "--slots", "2", "--input-store", in, "--output-store", out)
-	s.enqueue(nil, "a", "b")
+	s.Enqueue(nil, "a", "b")
 	s.waitFor(time.Minute, "the backends of rows 1 and 2 to start", func() bool {
 		return len(s.backendPIDs(1)) == 1 && len(s.backendPIDs(2)) == 1
 	})
@@ -78,7 +78,7 @@ func TestForgedControlMessages(t *testing.T) {
 	}
 
 	// The real cancellation reaches the worker after the forged ones.
-	res := s.pgworker(nil, "cancel", "2")
+	res := s.Pgworker(nil, "cancel", "2")
 	if res.Code != 0 || !strings.Contains(res.Stdout, "cancelled 1 row") {
 		t.Fatalf("cancel: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}

@@ -13,14 +13,14 @@ import (
 func TestWorkDirRefusedByRun(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	dir := filepath.Join(s.dir, "shared-work")
+	dir := filepath.Join(s.Dir, "shared-work")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	res := s.pgworker(nil, "run", "--exec", "/bin/true", "--work-dir", dir, "--output-store", s.fileStore("out"))
+	res := s.Pgworker(nil, "run", "--exec", "/bin/true", "--work-dir", dir, "--output-store", s.FileStore("out"))
 	if res.Code != 2 || !strings.Contains(res.Stderr, "writable by other users") || !strings.Contains(res.Stderr, "chmod go-w "+dir) {
 		t.Errorf("exit %d, stderr %q; want 2 and a message that says to run chmod go-w", res.Code, res.Stderr)
 	}
@@ -33,9 +33,9 @@ func TestWorkDirRefusedByRun(t *testing.T) {
 func TestOutputBounds(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	in, out := s.fileStore("in"), s.fileStore("out")
+	in, out := s.FileStore("in"), s.FileStore("out")
 	for _, k := range []string{"files", "bytes", "fine"} {
-		s.put(in, k, []byte(k))
+		s.Put(in, k, []byte(k))
 	}
 	backend := s.script("writer", `case "$PGWORKER_SOURCE" in
 files) for i in 1 2 3; do echo $i > "$2/f$i"; done ;;
@@ -43,10 +43,10 @@ bytes) truncate -s 3M "$2/sparse" ;;
 fine) echo ok > "$2/ok" ;;
 esac
 `)
-	s.enqueue(nil, "files", "bytes", "fine")
+	s.Enqueue(nil, "files", "bytes", "fine")
 	s.start("--exec", backend+" {input} {output_dir}", "--input-store", in, "--output-store", out,
 		"--max-output-files", "2", "--max-output-bytes", "1MiB")
-	s.waitSettled(2 * time.Minute)
+	s.WaitSettled(2 * time.Minute)
 	want := map[string]string{"files": "--max-output-files", "bytes": "--max-output-bytes"}
 	for _, r := range s.rows() {
 		flag, bounded := want[r.Source]
