@@ -76,7 +76,7 @@ cp "$in" "$out/" || exit 3
 		Credential: &syscall.Credential{Uid: nobody, Gid: nobody},
 		Args:       []string{"--exec", prog + " {input} {output_dir} {id} {attempt}"}})
 	r.enqueue(rows)
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 	r.stopAll()
 
 	ctx := context.Background()
@@ -104,7 +104,7 @@ cp "$in" "$out/" || exit 3
 	if len(names) > 0 {
 		t.Errorf("left in the work directory: %s", strings.Join(names, " "))
 	}
-	if n := countLines(w.log, `"msg":"remove work directory"`); n > 0 {
-		t.Errorf("%d attempts' directories could not be removed:\n%s", n, lastLine(w.log, `"msg":"remove work directory"`))
+	if n := countLines(w.Log, `"msg":"remove work directory"`); n > 0 {
+		t.Errorf("%d attempts' directories could not be removed:\n%s", n, lastLine(w.Log, `"msg":"remove work directory"`))
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgworker/pgworker/internal/harness"
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
 
@@ -75,13 +76,13 @@ func TestFailover(t *testing.T) {
 		n, err := r.listening(ctx)
 		return n == procs, err
 	})
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 	r.stopAll()
 	r.deadBesides()
 	notes := append([]string{
 		fmt.Sprintf("rows done before the crash %d, on the promoted standby %d", doneBefore, doneAfter),
 		fmt.Sprintf("%d live workers with a slot declared dead, %d attempts lost; a reap right after the promotion took back %d rows",
-			len(r.seenDead(r.all()...)), r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`), reaped),
+			len(r.seenDead(r.Procs()...)), r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`), reaped),
 	}, r.orphanNote()...)
 	tally := r.record(5, "failover: primary killed (`stop -m immediate`), synchronous standby promoted; multi-host `--database-url`",
 		fmt.Sprintf("1 × failover, no primary for %s", promoted.Sub(at).Round(100*time.Millisecond)), notes...)
@@ -133,7 +134,7 @@ func syncStandby(t *testing.T, ctx context.Context, primary *pgtest.Cluster) {
 		select {
 		case <-ctx.Done():
 			t.Fatal("the standby did not become synchronous")
-		case <-time.After(poll):
+		case <-time.After(harness.Poll):
 		}
 	}
 }

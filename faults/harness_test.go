@@ -7,16 +7,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math/big"
-	"net/url"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -28,13 +22,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/pgworker/pgworker/internal/harness"
 	"github.com/pgworker/pgworker/internal/miniotest"
-	"github.com/pgworker/pgworker/internal/pgtest"
-	"github.com/pgworker/pgworker/internal/pgworkerbin"
 )
 
 // Timing of every worker: leases short enough that the scenarios do not
@@ -46,30 +37,20 @@ const (
 	// runs out at most leaseTimeout after the worker's last heartbeat, and
 	// every live worker runs files.reap every 0.8 to 1.2 lease timeouts.
 	reapBound = leaseTimeout + leaseTimeout*6/5
-	// poll is how often conditions are checked.
-	poll = 100 * time.Millisecond
 	// maxAttempts of the enqueued rows: lost and released attempts must not
 	// exhaust it in any scenario.
 	maxAttempts = 10
 )
 
-// rig is one scenario's world: its database, its bucket, its inputs and
-// the pgworker processes it runs.
+// rig is one scenario's world: a harness (its database, its bucket, the
+// pgworker processes it runs), its inputs and the faults it injected.
 type rig struct {
-	t      *testing.T
-	dir    string
-	dbURL  string // direct superuser URL of the scenario's database
-	db     *pgxpool.Pool
-	s3     *miniotest.Server
-	s3c    *minio.Client
+	*harness.Harness
 	bucket string
-	host   string // os.Hostname, the node part of worker ids
-	env    []string
 
 	inputs map[string]input // by source
 
 	mu       sync.Mutex
-	procs    []*proc
 	nprocs   int
 	trackers sync.WaitGroup
 	faults   []*fault
@@ -77,6 +58,9 @@ type rig struct {
 
 	stopWatch func()
 }
+
+// proc is a pgworker run process.
+type proc = harness.Proc
 
 type input struct {
 	size int64
@@ -100,34 +84,12 @@ func newRig(t *testing.T, cfg *rigConfig) *rig {
 	if _, err := miniotest.Binary(); err != nil {
 		t.Skip(err)
 	}
-	r := &rig{t: t, dir: t.TempDir(), dbURL: cfg.DatabaseURL, s3: cfg.MinIO, inputs: map[string]input{}}
-	if r.dbURL == "" {
-		r.dbURL = pgtest.URL(t)
+	pgworker, _ := binaries(t)
+	r := &rig{
+		Harness: harness.New(t, pgworker, &harness.Config{DatabaseURL: cfg.DatabaseURL, MinIO: cfg.MinIO}),
+		inputs:  map[string]input{},
 	}
-	r.db = pgtest.PoolFor(t, r.dbURL)
-	if r.s3 == nil {
-		r.s3 = miniotest.Shared(t)
-	}
-	var err error
-	r.s3c, err = minio.New(r.s3.Host, &minio.Options{Creds: credentials.NewStaticV4(r.s3.AccessKey, r.s3.SecretKey, "")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.bucket = r.s3.Bucket(t)
-	if r.host, err = os.Hostname(); err != nil || r.host == "" {
-		r.host = "localhost"
-	}
-	for _, kv := range pgworkerbin.Env() {
-		// Nothing of the machine's S3 or MinIO settings may reach pgworker.
-		if !strings.HasPrefix(kv, "AWS_") && !strings.HasPrefix(kv, "MINIO_") {
-			r.env = append(r.env, kv)
-		}
-	}
-	r.env = append(r.env,
-		"PGWORKER_S3_ENDPOINT="+r.s3.Endpoint,
-		"AWS_ACCESS_KEY_ID="+r.s3.AccessKey,
-		"AWS_SECRET_ACCESS_KEY="+r.s3.SecretKey,
-		"PGWORKER_LOG_FORMAT=json")
+	r.bucket = strings.TrimPrefix(r.Bucket(), "s3://")
 	// Registered after the database's and MinIO's cleanups: runs before them.
 	t.Cleanup(r.cleanup)
 	r.watchDead()
@@ -149,7 +111,7 @@ func (r *rig) watchDead() {
 		defer close(done)
 		for ctx.Err() == nil {
 			qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
-			rows, err := r.db.Query(qctx, `SELECT DISTINCT split_part(worker_id, ':', 1) || ':' || split_part(worker_id, ':', 2) || ':'
+			rows, err := r.DB.Query(qctx, `SELECT DISTINCT split_part(worker_id, ':', 1) || ':' || split_part(worker_id, ':', 2) || ':'
 				FROM files.workers WHERE state = 'dead'`)
 			if err == nil {
 				prefixes, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -164,7 +126,7 @@ func (r *rig) watchDead() {
 			qcancel()
 			select {
 			case <-ctx.Done():
-			case <-time.After(poll):
+			case <-time.After(harness.Poll):
 			}
 		}
 	}()
@@ -176,8 +138,8 @@ func (r *rig) seenDead(procs ...*proc) []string {
 	defer r.mu.Unlock()
 	var names []string
 	for _, p := range procs {
-		if r.dead[p.prefix] {
-			names = append(names, p.name)
+		if r.dead[p.Prefix] {
+			names = append(names, p.Name)
 		}
 	}
 	return names
@@ -186,21 +148,21 @@ func (r *rig) seenDead(procs ...*proc) []string {
 // deadBesides fails the test if a slot of a process other than gone was
 // ever declared dead: a live worker mistaken for a dead one.
 func (r *rig) deadBesides(gone ...*proc) {
-	r.t.Helper()
+	r.T.Helper()
 	var live []*proc
-	for _, p := range r.all() {
+	for _, p := range r.Procs() {
 		if !slices.Contains(gone, p) {
 			live = append(live, p)
 		}
 	}
 	if names := r.seenDead(live...); len(names) > 0 {
-		r.t.Errorf("live workers had slots declared dead: %v", names)
+		r.T.Errorf("live workers had slots declared dead: %v", names)
 	}
 }
 
 // putInputs uploads n input objects of 1 to 32 KiB of random bytes.
 func (r *rig) putInputs(n int) {
-	r.t.Helper()
+	r.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for i := range n {
@@ -208,17 +170,16 @@ func (r *rig) putInputs(n int) {
 		b := make([]byte, size.Int64()+1<<10)
 		_, _ = rand.Read(b)
 		name := fmt.Sprintf("obj-%03d.bin", i)
-		if _, err := r.s3c.PutObject(ctx, r.bucket, "in/"+name, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{}); err != nil {
-			r.t.Fatalf("upload input %s: %v", name, err)
+		if _, err := r.S3Client.PutObject(ctx, r.bucket, "in/"+name, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{}); err != nil {
+			r.T.Fatalf("upload input %s: %v", name, err)
 		}
-		sum := sha256.Sum256(b)
-		r.inputs[name] = input{size: int64(len(b)), sha: hex.EncodeToString(sum[:])}
+		r.inputs[name] = input{size: int64(len(b)), sha: harness.SHA256Hex(b)}
 	}
 }
 
 // enqueue inserts n rows over the inputs, in one statement (one NOTIFY).
 func (r *rig) enqueue(n int) {
-	r.t.Helper()
+	r.T.Helper()
 	if len(r.inputs) == 0 {
 		r.putInputs(32)
 	}
@@ -237,33 +198,26 @@ func (r *rig) enqueue(n int) {
 // exec runs a statement on the scenario's database, retrying while the
 // database is away (some scenarios take it away).
 func (r *rig) exec(sql string, args ...any) {
-	r.t.Helper()
+	r.T.Helper()
 	err := r.retry(func(ctx context.Context) error {
-		_, err := r.db.Exec(ctx, sql, args...)
+		_, err := r.DB.Exec(ctx, sql, args...)
 		return err
 	})
 	if err != nil {
-		r.t.Fatalf("%s: %v", sql, err)
+		r.T.Fatalf("%s: %v", sql, err)
 	}
 }
 
-// count runs a query that returns one integer.
-func (r *rig) count(ctx context.Context, sql string, args ...any) (int, error) {
-	var n int64
-	err := r.db.QueryRow(ctx, sql, args...).Scan(&n)
-	return int(n), err
-}
-
-// mustCount is count for the test goroutine, retrying while the database is away.
+// mustCount is Count for the test goroutine, retrying while the database is away.
 func (r *rig) mustCount(sql string, args ...any) int {
-	r.t.Helper()
+	r.T.Helper()
 	var n int
 	err := r.retry(func(ctx context.Context) (err error) {
-		n, err = r.count(ctx, sql, args...)
+		n, err = r.Count(ctx, sql, args...)
 		return err
 	})
 	if err != nil {
-		r.t.Fatalf("%s: %v", sql, err)
+		r.T.Fatalf("%s: %v", sql, err)
 	}
 	return n
 }
@@ -277,62 +231,21 @@ func (r *rig) retry(fn func(ctx context.Context) error) error {
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(poll)
-	}
-}
-
-// waitFor polls cond until it holds and returns how long that took. Errors
-// (the database may be away) count as "not yet"; the last one is reported
-// if the deadline passes.
-func (r *rig) waitFor(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) time.Duration {
-	r.t.Helper()
-	start := time.Now()
-	ok, err := r.poll(start.Add(timeout), cond)
-	if !ok {
-		r.t.Fatalf("%s: not reached within %s (last error: %v)", what, timeout, err)
-	}
-	return time.Since(start)
-}
-
-func (r *rig) poll(deadline time.Time, cond func(ctx context.Context) (bool, error)) (bool, error) {
-	var last error
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		ok, err := cond(ctx)
-		cancel()
-		if err == nil && ok {
-			return true, nil
-		}
-		if err != nil {
-			last = err
-		}
-		if time.Now().After(deadline) {
-			return false, last
-		}
-		time.Sleep(poll)
+		time.Sleep(harness.Poll)
 	}
 }
 
 // done is the number of rows done.
 func (r *rig) done(ctx context.Context) (int, error) {
-	return r.count(ctx, `SELECT count(*) FROM files.files WHERE state = 'done'`)
+	return r.Count(ctx, `SELECT count(*) FROM files.files WHERE state = 'done'`)
 }
 
 // waitDone waits until at least n rows are done.
 func (r *rig) waitDone(n int, timeout time.Duration) {
-	r.t.Helper()
-	r.waitFor(fmt.Sprintf("%d rows done", n), timeout, func(ctx context.Context) (bool, error) {
+	r.T.Helper()
+	r.WaitFor(timeout, fmt.Sprintf("%d rows done", n), func(ctx context.Context) (bool, error) {
 		d, err := r.done(ctx)
 		return d >= n, err
-	})
-}
-
-// waitSettled waits until no row is pending or running.
-func (r *rig) waitSettled(timeout time.Duration) {
-	r.t.Helper()
-	r.waitFor("every row in a terminal state", timeout, func(ctx context.Context) (bool, error) {
-		n, err := r.count(ctx, `SELECT count(*) FROM files.files WHERE state IN ('pending', 'running')`)
-		return n == 0, err
 	})
 }
 
@@ -355,7 +268,7 @@ func (r *rig) track(name string, at time.Time, timeout time.Duration, cond func(
 	r.trackers.Add(1)
 	go func() {
 		defer r.trackers.Done()
-		ok, err := r.poll(at.Add(timeout), cond)
+		ok, err := r.Poll(at.Add(timeout), cond)
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if ok {
@@ -369,39 +282,20 @@ func (r *rig) track(name string, at time.Time, timeout time.Duration, cond func(
 
 // longest waits for the trackers and returns the longest recovery.
 func (r *rig) longest() time.Duration {
-	r.t.Helper()
+	r.T.Helper()
 	r.trackers.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var d time.Duration
 	for _, f := range r.faults {
 		if f.err != nil {
-			r.t.Error(f.err)
+			r.T.Error(f.err)
 			continue
 		}
-		r.t.Logf("%s: recovered after %s", f.name, f.recovered.Round(time.Millisecond))
+		r.T.Logf("%s: recovered after %s", f.name, f.recovered.Round(time.Millisecond))
 		d = max(d, f.recovered)
 	}
 	return d
-}
-
-// proc is a pgworker run process.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    string
-	prefix string // worker id prefix: node:pid
-	done   chan struct{}
-	err    error // of Wait, once done
-}
-
-func (p *proc) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
 }
 
 // workerConfig is one pgworker run process.
@@ -417,8 +311,8 @@ type workerConfig struct {
 
 // startWorker starts a pgworker run process.
 func (r *rig) startWorker(cfg workerConfig) *proc {
-	r.t.Helper()
-	pgworker, backend := binaries(r.t)
+	r.T.Helper()
+	_, backend := binaries(r.T)
 	r.mu.Lock()
 	r.nprocs++
 	name := fmt.Sprintf("worker-%02d", r.nprocs)
@@ -427,10 +321,10 @@ func (r *rig) startWorker(cfg workerConfig) *proc {
 		cfg.Slots = 3
 	}
 	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = r.dbURL
+		cfg.DatabaseURL = r.DatabaseURL
 	}
 	if cfg.WorkDir == "" {
-		cfg.WorkDir = filepath.Join(r.dir, name+"-work")
+		cfg.WorkDir = filepath.Join(r.Dir, name+"-work")
 	}
 	args := []string{"run",
 		"--exec", backend + " {input} {output_dir}",
@@ -448,98 +342,51 @@ func (r *rig) startWorker(cfg workerConfig) *proc {
 		args = append(args, "--listen-url", cfg.ListenURL)
 	}
 	args = append(args, cfg.Args...)
-	p := &proc{name: name, log: filepath.Join(r.dir, name+".log"), done: make(chan struct{})}
-	logf, err := os.Create(p.log)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer logf.Close()
-	p.cmd = exec.Command(pgworker, args...)
-	p.cmd.Env = append(slices.Clone(r.env), "PGWORKER_DATABASE_URL="+cfg.DatabaseURL)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cfg.Credential}
-	if err := p.cmd.Start(); err != nil {
-		r.t.Fatalf("start %s: %v", name, err)
-	}
-	p.prefix = r.host + ":" + strconv.Itoa(p.cmd.Process.Pid) + ":"
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	r.mu.Lock()
-	r.procs = append(r.procs, p)
-	r.mu.Unlock()
+	p := r.Start(name, &harness.ProcConfig{
+		Env:         []string{"PGWORKER_DATABASE_URL=" + cfg.DatabaseURL},
+		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cfg.Credential},
+	}, args...)
 	// Started means its slots are registered.
-	r.waitFor(name+" registered", time.Minute, func(ctx context.Context) (bool, error) {
-		if !p.running() {
-			return false, fmt.Errorf("%s exited: %v\n%s", name, p.err, tail(p.log, 20))
+	r.WaitFor(time.Minute, name+" registered", func(ctx context.Context) (bool, error) {
+		if !p.Running() {
+			return false, fmt.Errorf("%s exited: %v\n%s", name, p.Err(), tail(p.Log, 20))
 		}
-		n, err := r.count(ctx, `SELECT count(*) FROM files.workers WHERE starts_with(worker_id, $1) AND state = 'active'`, p.prefix)
+		n, err := r.Count(ctx, `SELECT count(*) FROM files.workers WHERE starts_with(worker_id, $1) AND state = 'active'`, p.Prefix)
 		return n == cfg.Slots, err
 	})
 	return p
 }
 
-// live returns the processes still running.
-func (r *rig) live() []*proc {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []*proc
-	for _, p := range r.procs {
-		if p.running() {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// all returns every process the scenario started.
-func (r *rig) all() []*proc {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.procs)
-}
-
-// kill kills p with SIGKILL and waits for it to die.
-func (r *rig) kill(p *proc) {
-	r.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		r.t.Fatalf("kill %s: %v", p.name, err)
-	}
-	<-p.done
-}
-
 // stop stops p as an operator would (SIGTERM: drain) and checks that it
 // exits cleanly.
 func (r *rig) stop(p *proc) {
-	r.t.Helper()
-	if !p.running() {
+	r.T.Helper()
+	if !p.Running() {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.Signal(syscall.SIGTERM)
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(time.Minute):
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
-		r.t.Errorf("%s did not stop within a minute of SIGTERM\n%s", p.name, tail(p.log, 30))
+		p.Kill()
+		r.T.Errorf("%s did not stop within a minute of SIGTERM\n%s", p.Name, tail(p.Log, 30))
 		return
 	}
-	if p.err != nil {
-		r.t.Errorf("%s exited with %v after SIGTERM\n%s", p.name, p.err, tail(p.log, 30))
+	if err := p.Err(); err != nil {
+		r.T.Errorf("%s exited with %v after SIGTERM\n%s", p.Name, err, tail(p.Log, 30))
 	}
 }
 
 // stopAll stops every live process.
 func (r *rig) stopAll() {
-	r.t.Helper()
-	live := r.live()
+	r.T.Helper()
+	live := r.Live()
 	var wg sync.WaitGroup
 	for _, p := range live {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		p.Signal(syscall.SIGTERM)
 		wg.Go(func() {
 			select {
-			case <-p.done:
+			case <-p.Done():
 			case <-time.After(time.Minute):
 			}
 		})
@@ -550,32 +397,18 @@ func (r *rig) stopAll() {
 	}
 }
 
+// cleanup stops the watcher and waits for the trackers. The harness has
+// killed the processes and checked their logs by then: their cleanups were
+// registered later.
 func (r *rig) cleanup() {
 	r.stopWatch()
-	r.mu.Lock()
-	procs := slices.Clone(r.procs)
-	r.mu.Unlock()
-	for _, p := range procs {
-		if p.running() {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-	}
 	r.trackers.Wait()
-	for _, p := range procs {
-		if n := countLines(p.log, "WARNING: DATA RACE"); n > 0 {
-			r.t.Errorf("%s: the race detector reported %d data races\n%s", p.name, n, tail(p.log, 80))
-		}
-		if r.t.Failed() {
-			r.t.Logf("%s log (last lines):\n%s", p.name, tail(p.log, 25))
-		}
-	}
 }
 
 // held returns the rows that worker processes with these id prefixes hold.
 func (r *rig) held(ctx context.Context, prefixes ...string) ([]int64, error) {
 	var ids []int64
-	rows, err := r.db.Query(ctx, `SELECT id FROM files.files
+	rows, err := r.DB.Query(ctx, `SELECT id FROM files.files
 		WHERE state = 'running' AND EXISTS (SELECT 1 FROM unnest($1::text[]) p WHERE starts_with(worker_id, p))
 		ORDER BY id`, prefixes)
 	if err != nil {
@@ -588,7 +421,7 @@ func (r *rig) held(ctx context.Context, prefixes ...string) ([]int64, error) {
 // allDone reports whether every row of ids is done.
 func (r *rig) allDone(ids []int64) func(ctx context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
-		n, err := r.count(ctx, `SELECT count(*) FROM files.files WHERE id = ANY ($1) AND state <> 'done'`, ids)
+		n, err := r.Count(ctx, `SELECT count(*) FROM files.files WHERE id = ANY ($1) AND state <> 'done'`, ids)
 		return n == 0, err
 	}
 }
@@ -598,14 +431,14 @@ func (r *rig) allDone(ids []int64) func(ctx context.Context) (bool, error) {
 func (r *rig) progressAfter(t time.Time) func(ctx context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
 		var prefixes []string
-		for _, p := range r.live() {
-			prefixes = append(prefixes, p.prefix)
+		for _, p := range r.Live() {
+			prefixes = append(prefixes, p.Prefix)
 		}
-		n, err := r.count(ctx, `SELECT count(*) FROM files.files WHERE state = 'done' AND finished_at > $1`, t)
+		n, err := r.Count(ctx, `SELECT count(*) FROM files.files WHERE state = 'done' AND finished_at > $1`, t)
 		if err != nil || n == 0 {
 			return false, err
 		}
-		behind, err := r.count(ctx, `SELECT count(*) FROM files.workers
+		behind, err := r.Count(ctx, `SELECT count(*) FROM files.workers
 			WHERE EXISTS (SELECT 1 FROM unnest($1::text[]) p WHERE starts_with(worker_id, p))
 			  AND (last_heartbeat_at <= $2 OR state <> 'active')`, prefixes, t)
 		return behind == 0, err
@@ -615,14 +448,14 @@ func (r *rig) progressAfter(t time.Time) func(ctx context.Context) (bool, error)
 // reapNow calls files.reap as a node that reaches the database first
 // after an outage would, and returns how many rows it took back.
 func (r *rig) reapNow() int {
-	r.t.Helper()
+	r.T.Helper()
 	return r.mustCount(`SELECT files.reap()`)
 }
 
 // orphanNote says how many rows were claimed by a statement whose answer
 // the fault lost, and were then released by the claimer's heartbeat.
 func (r *rig) orphanNote() []string {
-	r.t.Helper()
+	r.T.Helper()
 	n := r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'released' AND error = 'not known to its worker'`)
 	if n == 0 {
 		return nil
@@ -632,7 +465,7 @@ func (r *rig) orphanNote() []string {
 
 // listening counts the LISTEN connections of pgworker on the database.
 func (r *rig) listening(ctx context.Context) (int, error) {
-	return r.count(ctx, `SELECT count(*) FROM pg_stat_activity
+	return r.Count(ctx, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name = 'pgworker listener' AND query LIKE 'LISTEN%'`)
 }
 
@@ -696,30 +529,16 @@ func logFileIDs(file, s string) []int64 {
 func logCount(procs []*proc, s string) int {
 	n := 0
 	for _, p := range procs {
-		n += countLines(p.log, s)
+		n += countLines(p.Log, s)
 	}
 	return n
-}
-
-// get downloads an object by its s3:// URL.
-func (r *rig) get(ctx context.Context, objURL string) ([]byte, error) {
-	u, err := url.Parse(objURL)
-	if err != nil {
-		return nil, err
-	}
-	obj, err := r.s3c.GetObject(ctx, u.Host, strings.TrimPrefix(u.Path, "/"), minio.GetObjectOptions{})
-	if err != nil {
-		return nil, err
-	}
-	defer obj.Close()
-	return io.ReadAll(obj)
 }
 
 // outputPrefixes lists the attempt prefixes (id/attempt-token) that hold
 // uploaded outputs.
 func (r *rig) outputPrefixes(ctx context.Context) (map[string]bool, error) {
 	out := map[string]bool{}
-	for obj := range r.s3c.ListObjects(ctx, r.bucket, minio.ListObjectsOptions{Prefix: "out/", Recursive: true}) {
+	for obj := range r.S3Client.ListObjects(ctx, r.bucket, minio.ListObjectsOptions{Prefix: "out/", Recursive: true}) {
 		if obj.Err != nil {
 			return nil, obj.Err
 		}

@@ -34,21 +34,21 @@ func TestKill9(t *testing.T) {
 		r.waitDone((k+1)*rows/(kills+2), 5*time.Minute)
 		// The victim: a live process that holds rows, so that the kill
 		// lands mid-work.
-		live := r.live()
+		live := r.Live()
 		rand.Shuffle(len(live), func(i, j int) { live[i], live[j] = live[j], live[i] })
 		victim := live[0]
 		for _, p := range live {
-			if ids, err := r.held(context.Background(), p.prefix); err == nil && len(ids) > 0 {
+			if ids, err := r.held(context.Background(), p.Prefix); err == nil && len(ids) > 0 {
 				victim = p
 				break
 			}
 		}
 		at := time.Now()
-		r.kill(victim)
+		victim.Kill()
 		victims = append(victims, victim)
 		var ids []int64
 		if err := r.retry(func(ctx context.Context) (err error) {
-			ids, err = r.held(ctx, victim.prefix)
+			ids, err = r.held(ctx, victim.Prefix)
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -58,16 +58,16 @@ func TestKill9(t *testing.T) {
 		if len(ids) == 0 {
 			continue
 		}
-		name := fmt.Sprintf("kill %d (%s, %d rows held)", k+1, victim.name, len(ids))
+		name := fmt.Sprintf("kill %d (%s, %d rows held)", k+1, victim.Name, len(ids))
 		r.track(name, at, 3*time.Minute, r.allDone(ids))
 		// Reclaimed: no longer held by the dead process.
-		prefix := victim.prefix
+		prefix := victim.Prefix
 		reclaims = append(reclaims, r.track(name+": reclaimed", at, 3*time.Minute, func(ctx context.Context) (bool, error) {
 			held, err := r.held(ctx, prefix)
 			return len(held) == 0, err
 		}))
 	}
-	r.waitSettled(10 * time.Minute)
+	r.WaitSettled(10 * time.Minute)
 	r.stopAll()
 	r.trackers.Wait()
 	r.deadBesides(victims...)

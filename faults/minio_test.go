@@ -46,12 +46,12 @@ func TestMinIOOutage(t *testing.T) {
 		}
 		back := time.Now()
 		r.track(fmt.Sprintf("MinIO outage %d", i+1), at, 2*time.Minute, func(ctx context.Context) (bool, error) {
-			n, err := r.count(ctx, `SELECT count(*) FROM files.files WHERE state = 'done' AND finished_at > $1`, back)
+			n, err := r.Count(ctx, `SELECT count(*) FROM files.files WHERE state = 'done' AND finished_at > $1`, back)
 			return n > 0, err
 		})
 		r.trackers.Wait()
 	}
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 	r.stopAll()
 	r.deadBesides()
 	var storeErrors []string

@@ -31,8 +31,8 @@ func TestPartition(t *testing.T) {
 	}
 	r := newRig(t, nil)
 	r.putInputs(32)
-	proxy := pgtest.StartProxy(t, r.dbURL)
-	proxied := proxy.URL(t, r.dbURL)
+	proxy := pgtest.StartProxy(t, r.DatabaseURL)
+	proxied := proxy.URL(t, r.DatabaseURL)
 	cut := r.startWorker(workerConfig{DatabaseURL: proxied})
 	r.startWorker(workerConfig{})
 	r.startWorker(workerConfig{})
@@ -42,8 +42,8 @@ func TestPartition(t *testing.T) {
 	for i, how := range cuts {
 		r.waitDone((i+1)*rows/(len(cuts)+2), 5*time.Minute)
 		// Cut while it holds rows.
-		r.waitFor("the cut-off worker holds rows", time.Minute, func(ctx context.Context) (bool, error) {
-			ids, err := r.held(ctx, cut.prefix)
+		r.WaitFor(time.Minute, "the cut-off worker holds rows", func(ctx context.Context) (bool, error) {
+			ids, err := r.held(ctx, cut.Prefix)
 			return len(ids) > 0, err
 		})
 		at := time.Now()
@@ -56,7 +56,7 @@ func TestPartition(t *testing.T) {
 		}
 		var ids []int64
 		if err := r.retry(func(ctx context.Context) (err error) {
-			ids, err = r.held(ctx, cut.prefix)
+			ids, err = r.held(ctx, cut.Prefix)
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -64,32 +64,32 @@ func TestPartition(t *testing.T) {
 		reaped += len(ids)
 		name := fmt.Sprintf("cut %d (%s, %d rows held)", i+1, how, len(ids))
 		// The partition lasts until the others have finished its rows.
-		r.waitFor(name+": rows finished elsewhere", 3*time.Minute, r.allDone(ids))
+		r.WaitFor(3*time.Minute, name+": rows finished elsewhere", r.allDone(ids))
 		r.track(name+": rows finished elsewhere", at, time.Minute, r.allDone(ids))
-		r.waitFor(name+": slots declared dead", time.Minute, func(ctx context.Context) (bool, error) {
-			n, err := r.count(ctx, `SELECT count(*) FROM files.workers WHERE starts_with(worker_id, $1) AND state <> 'dead'`, cut.prefix)
+		r.WaitFor(time.Minute, name+": slots declared dead", func(ctx context.Context) (bool, error) {
+			n, err := r.Count(ctx, `SELECT count(*) FROM files.workers WHERE starts_with(worker_id, $1) AND state <> 'dead'`, cut.Prefix)
 			return n == 0, err
 		})
 		healed := time.Now()
 		proxy.Restore()
 		// Healed: it heartbeats again and completes rows of its own.
 		r.track(name+": back to work after the heal", healed, 2*time.Minute, func(ctx context.Context) (bool, error) {
-			n, err := r.count(ctx, `SELECT count(*) FROM files.workers
-				WHERE starts_with(worker_id, $1) AND (state <> 'active' OR last_heartbeat_at <= $2)`, cut.prefix, healed)
+			n, err := r.Count(ctx, `SELECT count(*) FROM files.workers
+				WHERE starts_with(worker_id, $1) AND (state <> 'active' OR last_heartbeat_at <= $2)`, cut.Prefix, healed)
 			if err != nil || n > 0 {
 				return false, err
 			}
-			pending, err := r.count(ctx, `SELECT count(*) FROM files.files WHERE state = 'pending'`)
+			pending, err := r.Count(ctx, `SELECT count(*) FROM files.files WHERE state = 'pending'`)
 			if err != nil || pending == 0 {
 				return pending == 0, err
 			}
-			n, err = r.count(ctx, `SELECT count(*) FROM files.attempts
-				WHERE starts_with(worker_id, $1) AND outcome = 'done' AND finished_at > $2`, cut.prefix, healed)
+			n, err = r.Count(ctx, `SELECT count(*) FROM files.attempts
+				WHERE starts_with(worker_id, $1) AND outcome = 'done' AND finished_at > $2`, cut.Prefix, healed)
 			return n > 0, err
 		})
 		r.trackers.Wait()
 	}
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 
 	// A late complete of a reaped attempt, sent through the healed link as
 	// any client of the SQL API could send it, is refused, and the row keeps
@@ -100,7 +100,7 @@ func TestPartition(t *testing.T) {
 	}
 	defer late.Close(context.Background())
 	rowsLost, err := late.Query(context.Background(), `SELECT file_id, worker_id, attempt FROM files.attempts
-		WHERE starts_with(worker_id, $1) AND outcome = 'lost'`, cut.prefix)
+		WHERE starts_with(worker_id, $1) AND outcome = 'lost'`, cut.Prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestPartition(t *testing.T) {
 	// (or, had they still been running, its next heartbeat stopped them).
 	gaveUp := logCount([]*proc{cut}, `"msg":"worker: outcome lost`)
 	leaseLost := logCount([]*proc{cut}, `"msg":"worker: lease lost`)
-	refusedIDs := logFileIDs(cut.log, `"msg":"worker: outcome refused`)
+	refusedIDs := logFileIDs(cut.Log, `"msg":"worker: outcome refused`)
 	refusedByDB, otherRefusals, ownRetries := 0, 0, 0
 	for _, id := range refusedIDs {
 		if slices.ContainsFunc(lost, func(a attempt) bool { return a.ID == id }) {
@@ -148,7 +148,7 @@ func TestPartition(t *testing.T) {
 		// A statement that committed but whose answer the cut lost is sent
 		// again, and refused: the row is already done by this very attempt.
 		own := r.mustCount(`SELECT count(*) FROM files.attempts WHERE file_id = $1 AND outcome = 'done' AND starts_with(worker_id, $2)`,
-			id, cut.prefix)
+			id, cut.Prefix)
 		ownRetries += own
 		t.Logf("row %d: an outcome of the cut-off worker refused; done by the cut-off worker itself: %v", id, own > 0)
 	}

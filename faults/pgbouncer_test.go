@@ -34,13 +34,13 @@ func TestPgBouncer(t *testing.T) {
 	r := newRig(t, nil)
 	r.putInputs(32)
 	b := pgbouncertest.Start(t, pgtest.ServerURL(t), &pgbouncertest.Config{PoolMode: "transaction"})
-	u, err := url.Parse(r.dbURL)
+	u, err := url.Parse(r.DatabaseURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pooled := b.URL(strings.TrimPrefix(u.Path, "/"))
 	for range procs {
-		r.startWorker(workerConfig{DatabaseURL: pooled, ListenURL: r.dbURL, Args: []string{"--statement-mode", "exec"}})
+		r.startWorker(workerConfig{DatabaseURL: pooled, ListenURL: r.DatabaseURL, Args: []string{"--statement-mode", "exec"}})
 	}
 	r.enqueue(rows)
 
@@ -81,7 +81,7 @@ func TestPgBouncer(t *testing.T) {
 		r.track(fmt.Sprintf("PgBouncer %s %d", how, i+1), at, 2*time.Minute, r.progressAfter(time.Now()))
 		r.trackers.Wait()
 	}
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 
 	// The run went through PgBouncer: its pools served the workers'
 	// transactions.

@@ -113,25 +113,25 @@ func TestPostgresRestart(t *testing.T) {
 		})
 		r.trackers.Wait() // one restart at a time
 	}
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 
 	// Idle workers must hear of new rows through LISTEN, not the 30s
 	// safety net: enqueue a few more and time the first claim.
 	before := r.mustCount(`SELECT count(*) FROM files.attempts`)
 	r.enqueue(20)
-	wake := r.waitFor("a claim of the rows enqueued after the restarts", time.Minute, func(ctx context.Context) (bool, error) {
-		n, err := r.count(ctx, `SELECT count(*) FROM files.attempts`)
+	wake := r.WaitFor(time.Minute, "a claim of the rows enqueued after the restarts", func(ctx context.Context) (bool, error) {
+		n, err := r.Count(ctx, `SELECT count(*) FROM files.attempts`)
 		return n > before, err
 	})
 	if wake > 10*time.Second {
 		t.Errorf("rows enqueued after the restarts were claimed after %s: the workers do not listen again", wake)
 	}
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 	r.stopAll()
 	r.deadBesides()
 	notes := append([]string{
 		fmt.Sprintf("%d live workers with a slot declared dead, %d attempts lost; a reap right after each restart took back 0 rows",
-			len(r.seenDead(r.all()...)), r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`)),
+			len(r.seenDead(r.Procs()...)), r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`)),
 		fmt.Sprintf("rows enqueued after the restarts claimed %s after the insert (LISTEN again)", wake.Round(time.Millisecond)),
 	}, r.orphanNote()...)
 	tally := r.record(2, "`pg_ctl restart -m immediate` mid-run (private cluster)",

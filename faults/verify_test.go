@@ -62,7 +62,7 @@ func (t *tally) recordedTwice() int { return t.twice + t.foreign }
 // verify checks the invariants on the scenario's database and bucket. The
 // processes should be stopped.
 func (r *rig) verify() *tally {
-	r.t.Helper()
+	r.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t := &tally{attempts: map[string]int{}, workers: map[string]int{}}
@@ -70,7 +70,7 @@ func (r *rig) verify() *tally {
 
 	states := map[string]int{}
 	if err = r.groupCount(ctx, states, `SELECT state, count(*) FROM files.files GROUP BY state`); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	t.done, t.failed, t.cancelled = states["done"], states["failed"], states["cancelled"]
 	t.open = states["pending"] + states["running"]
@@ -78,35 +78,35 @@ func (r *rig) verify() *tally {
 		t.rows += n
 	}
 	if err = r.groupCount(ctx, t.attempts, `SELECT coalesce(outcome, 'open'), count(*) FROM files.attempts GROUP BY 1`); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	if err = r.groupCount(ctx, t.workers, `SELECT state, count(*) FROM files.workers GROUP BY state`); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	if t.open > 0 {
-		r.t.Errorf("invariant: %d rows are not in a terminal state", t.open)
+		r.T.Errorf("invariant: %d rows are not in a terminal state", t.open)
 	}
 	if t.failed > 0 {
 		var errs []string
 		_ = r.strings(ctx, &errs, `SELECT id || ': ' || last_error FROM files.files WHERE state = 'failed' ORDER BY id LIMIT 5`)
-		r.t.Errorf("%d rows failed; none should in this scenario: %s", t.failed, strings.Join(errs, "; "))
+		r.T.Errorf("%d rows failed; none should in this scenario: %s", t.failed, strings.Join(errs, "; "))
 	}
 
 	var twice []string
 	if err = r.strings(ctx, &twice, `SELECT file_id::text FROM files.attempts WHERE outcome = 'done'
 		GROUP BY file_id HAVING count(*) > 1 ORDER BY file_id`); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	t.twice = len(twice)
 	if t.twice > 0 {
-		r.t.Errorf("invariant: %d rows have more than one done attempt: %s", t.twice, clip(twice))
+		r.T.Errorf("invariant: %d rows have more than one done attempt: %s", t.twice, clip(twice))
 	}
-	if t.openAttempts, err = r.count(ctx, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
+	if t.openAttempts, err = r.Count(ctx, `SELECT count(*) FROM files.attempts a JOIN files.files f ON f.id = a.file_id
 		WHERE a.outcome IS NULL AND f.state IN ('done', 'failed', 'cancelled')`); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	if t.openAttempts > 0 {
-		r.t.Errorf("%d attempts of finished rows have no outcome", t.openAttempts)
+		r.T.Errorf("%d attempts of finished rows have no outcome", t.openAttempts)
 	}
 
 	// Each done row: its result is its single done attempt's output.
@@ -120,7 +120,7 @@ func (r *rig) verify() *tally {
 		doneAttempts   int64
 		resultIsObject bool
 	}
-	rows, err := r.db.Query(ctx, `
+	rows, err := r.DB.Query(ctx, `
 		SELECT f.id, f.source, f.result::text, d.worker_id, d.attempt, d.attempt IS NOT NULL AND d.output IS NULL,
 		       (SELECT count(*) FROM files.attempts a WHERE a.file_id = f.id AND a.outcome = 'done'),
 		       jsonb_typeof(f.result) = 'object'
@@ -129,7 +129,7 @@ func (r *rig) verify() *tally {
 		                   WHERE a.file_id = f.id AND a.outcome = 'done' ORDER BY a.id LIMIT 1) d ON true
 		WHERE f.state = 'done' ORDER BY f.id`)
 	if err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	var done []doneRow
 	for rows.Next() {
@@ -137,7 +137,7 @@ func (r *rig) verify() *tally {
 		var result *string
 		var isObject *bool
 		if err := rows.Scan(&d.id, &d.source, &result, &d.worker, &d.attempt, &d.same, &d.doneAttempts, &isObject); err != nil {
-			r.t.Fatal(err)
+			r.T.Fatal(err)
 		}
 		if result != nil {
 			d.result = []byte(*result)
@@ -146,7 +146,7 @@ func (r *rig) verify() *tally {
 		done = append(done, d)
 	}
 	if err := rows.Err(); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 
 	type object struct {
@@ -202,7 +202,7 @@ func (r *rig) verify() *tally {
 		}
 	}
 	if t.foreign > 0 {
-		r.t.Errorf("invariant: %d results are not their done attempt's output: %s", t.foreign, clip(foreign))
+		r.T.Errorf("invariant: %d results are not their done attempt's output: %s", t.foreign, clip(foreign))
 	}
 
 	// Every result's object exists with its recorded checksum.
@@ -215,7 +215,7 @@ func (r *rig) verify() *tally {
 	for range 8 {
 		wg.Go(func() {
 			for o := range next {
-				b, err := r.get(ctx, o.url)
+				b, err := r.Get(ctx, o.url)
 				sum := sha256.Sum256(b)
 				got := hex.EncodeToString(sum[:])
 				var problem string
@@ -243,12 +243,12 @@ func (r *rig) verify() *tally {
 	t.missing = len(missing)
 	if t.missing > 0 {
 		slices.Sort(missing)
-		r.t.Errorf("invariant: %d results' objects are missing or corrupt: %s", t.missing, clip(missing))
+		r.T.Errorf("invariant: %d results' objects are missing or corrupt: %s", t.missing, clip(missing))
 	}
 
 	prefixes, err := r.outputPrefixes(ctx)
 	if err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	for p := range prefixes {
 		if !referenced[p] {
@@ -256,15 +256,15 @@ func (r *rig) verify() *tally {
 		}
 	}
 	var span, mean time.Duration
-	_ = r.db.QueryRow(ctx, `SELECT coalesce(max(finished_at) - min(started_at), '0'), coalesce(avg(duration), '0')
+	_ = r.DB.QueryRow(ctx, `SELECT coalesce(max(finished_at) - min(started_at), '0'), coalesce(avg(duration), '0')
 		FROM files.attempts`).Scan(&span, &mean)
-	r.t.Logf("rows %d: done %d, failed %d, open %d; attempts %v; slots %v; outputs of losing attempts %d; run %s, mean attempt %s",
+	r.T.Logf("rows %d: done %d, failed %d, open %d; attempts %v; slots %v; outputs of losing attempts %d; run %s, mean attempt %s",
 		t.rows, t.done, t.failed, t.open, t.attempts, t.workers, t.losingOutputs, span, mean)
 	return t
 }
 
 func (r *rig) groupCount(ctx context.Context, into map[string]int, sql string) error {
-	rows, err := r.db.Query(ctx, sql)
+	rows, err := r.DB.Query(ctx, sql)
 	if err != nil {
 		return err
 	}
@@ -281,7 +281,7 @@ func (r *rig) groupCount(ctx context.Context, into map[string]int, sql string) e
 }
 
 func (r *rig) strings(ctx context.Context, into *[]string, sql string, args ...any) error {
-	rows, err := r.db.Query(ctx, sql, args...)
+	rows, err := r.DB.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
@@ -325,7 +325,7 @@ var report struct {
 
 // record checks the invariants and adds the scenario's line to the report.
 func (r *rig) record(num int, name, faults string, notes ...string) *tally {
-	r.t.Helper()
+	r.T.Helper()
 	longest := r.longest()
 	t := r.verify()
 	res := &result{
@@ -340,7 +340,7 @@ func (r *rig) record(num int, name, faults string, notes ...string) *tally {
 	report.mu.Lock()
 	report.results = append(report.results, res)
 	report.mu.Unlock()
-	r.t.Cleanup(func() { res.failed = r.t.Failed() })
+	r.T.Cleanup(func() { res.failed = r.T.Failed() })
 	return t
 }
 

@@ -89,13 +89,13 @@ func TestWorkDir(t *testing.T) {
 	var notes []string
 	for i, f := range faults {
 		r.waitDone((i+1)*rows/(len(faults)+1), 5*time.Minute)
-		seen := countLines(w.log, unusable)
+		seen := countLines(w.Log, unusable)
 		at := time.Now()
 		if err := f.inject(); err != nil {
 			t.Fatalf("%s: %v", f.name, err)
 		}
-		r.waitFor(f.name+": a slot meets the fault", time.Minute, func(context.Context) (bool, error) {
-			return countLines(w.log, unusable) > seen, nil
+		r.WaitFor(time.Minute, f.name+": a slot meets the fault", func(context.Context) (bool, error) {
+			return countLines(w.Log, unusable) > seen, nil
 		})
 		time.Sleep(holds[i]) // the length of the fault, not a synchronisation
 		repaired := time.Now()
@@ -103,13 +103,13 @@ func TestWorkDir(t *testing.T) {
 			t.Fatalf("repair %s: %v", f.name, err)
 		}
 		var released, failed int
-		if err := r.db.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE outcome = 'released'),
+		if err := r.DB.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE outcome = 'released'),
 				count(*) FILTER (WHERE outcome = 'failed')
 			FROM files.attempts WHERE finished_at > $1 AND finished_at < $2`,
 			at, repaired.Add(5*time.Second)).Scan(&released, &failed); err != nil {
 			t.Fatal(err)
 		}
-		logged := lastLine(w.log, unusable)
+		logged := lastLine(w.Log, unusable)
 		if !strings.Contains(logged, f.errText) {
 			t.Errorf("%s: the worker logged %s, want the cause (%s)", f.name, logged, f.errText)
 		}
@@ -135,13 +135,13 @@ func TestWorkDir(t *testing.T) {
 		}
 		notes = append(notes, note)
 		r.track(f.name, at, 2*time.Minute, func(ctx context.Context) (bool, error) {
-			n, err := r.count(ctx, `SELECT count(*) FROM files.attempts
-				WHERE starts_with(worker_id, $1) AND outcome = 'done' AND finished_at > $2`, w.prefix, repaired)
+			n, err := r.Count(ctx, `SELECT count(*) FROM files.attempts
+				WHERE starts_with(worker_id, $1) AND outcome = 'done' AND finished_at > $2`, w.Prefix, repaired)
 			return n > 0, err
 		})
 		r.trackers.Wait()
 	}
-	r.waitSettled(5 * time.Minute)
+	r.WaitSettled(5 * time.Minute)
 	r.stopAll()
 	r.deadBesides()
 	r.record(7, "work directory unusable mid-run (one worker, 2 slots)",
