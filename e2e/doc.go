@@ -8,5 +8,6 @@
 //
 // The tests wait for events (a row state in the database, a backend's pid
 // file, a process exit), never for fixed delays, and kill every process they
-// start.
+// start. Processes, stores, counts and waits come from internal/harness,
+// which the fault suite shares.
 package e2e

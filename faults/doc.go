@@ -12,6 +12,10 @@
 //   - each result's objects exist in MinIO with the recorded size and
 //     SHA-256 (downloaded and hashed), equal to the input the backend copied.
 //
+// The processes, the bucket, counts and waits come from internal/harness,
+// which the e2e tests share; the rig adds the scenario's inputs, its fault
+// trackers and a watcher of slots declared dead.
+//
 // The backend (internal/slowcopy) sleeps 20-500 ms and copies its input to
 // its output directory, so that faults land mid-work.
 //
