@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -31,9 +32,12 @@ func TestTextOutputEscapesControlCharacters(t *testing.T) {
 		queue  = "q\x1b[31mred\u202e"
 		source = "in/\x1b[2Jclear\u009b1m\rx.csv"
 	)
-	exec(t, pool, "SELECT files.register_worker($1, 'node', 1, 0, 'v')", worker)
+	var key string
+	if err := pool.QueryRow(context.Background(), "SELECT files.register_worker($1, 'node', 1, 0, 'v')", worker).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
 	exec(t, pool, "INSERT INTO files.files (queue, source) VALUES ($1, $2), ($1, 'other')", queue, source)
-	if n := count(t, pool, "SELECT count(*) FROM files.claim($1, ARRAY[$2])", worker, queue); n != 1 {
+	if n := count(t, pool, "SELECT count(*) FROM files.claim($1, ARRAY[$2], 1, $3)", worker, queue, key); n != 1 {
 		t.Fatalf("claimed %d rows", n)
 	}
 
@@ -66,7 +70,7 @@ func TestEmptyQueueName(t *testing.T) {
 	url, pool := newDB(t)
 	exec(t, pool, "INSERT INTO files.files (queue, source) VALUES ('a', 'x'), ('b', 'y')")
 	for range 2 {
-		exec(t, pool, `SELECT files.fail(c.id, 'w:1:0', c.attempt, 'broken', false) FROM files.claim('w:1:0') c`)
+		exec(t, pool, `SELECT files.fail(c.id, 'w:1:0', c.attempt, c.claim_token, 'broken', false) FROM files.claim('w:1:0') c`)
 	}
 	for _, args := range [][]string{
 		{"retry", "--failed", "--queue", ""},

@@ -149,7 +149,7 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	fs.env("metrics-addr", "PGWORKER_METRICS_ADDR")
 	defaultWorkDir, _ := pipeline.DefaultWorkDir()
 	fs.StringVar(&workDir, "work-dir", defaultWorkDir, "`DIR` for the slots' inputs and outputs: it must belong to this user and be writable by nobody else, "+
-		"below directories that only this user or root can change (or sticky ones, like /tmp); it is created with mode 0700 if missing. "+
+		"below directories that only this user or root can change (or sticky ones, like /tmp); it is created with mode 0700 if missing (0711 with --run-as, so the program's user can pass through). "+
 		"By default $STATE_DIRECTORY/work when systemd's StateDirectory= sets it, else pgworker in the user's cache directory ($XDG_CACHE_HOME or ~/.cache)")
 	fs.env("work-dir", "PGWORKER_WORK_DIR")
 	fs.IntVar(&maxOutputFiles, "max-output-files", pipeline.DefaultMaxOutputFiles, "most files one row may upload; a row with more fails, with nothing uploaded; 0 for no bound")
@@ -227,7 +227,14 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 		}
 		return fmt.Errorf("--work-dir: %w", err)
 	}
-	if err := cfg.Backend.CheckWorkDir(workDir); err != nil {
+	if runAs != "" {
+		// The program's user must pass through the work directory to reach
+		// its job's directory: search, not listing.
+		if err := pipeline.LetOthersSearch(cfg.WorkDir); err != nil {
+			return fmt.Errorf("--work-dir: %w", err)
+		}
+	}
+	if err := cfg.Backend.CheckWorkDir(cfg.WorkDir); err != nil {
 		return fmt.Errorf("--run-as: %w", err)
 	}
 

@@ -137,10 +137,11 @@ func TestRetryCancelPauseResume(t *testing.T) {
 	}
 	var id int64
 	var att int
-	if err := pool.QueryRow(ctx, "SELECT id, attempt FROM files.claim('w:1:0')").Scan(&id, &att); err != nil {
+	var token string
+	if err := pool.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim('w:1:0')").Scan(&id, &att, &token); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "SELECT files.fail($1, 'w:1:0', $2, 'broken', false)", id, att); err != nil {
+	if _, err := pool.Exec(ctx, "SELECT files.fail($1, 'w:1:0', $2, $3, 'broken', false)", id, att, token); err != nil {
 		t.Fatal(err)
 	}
 
