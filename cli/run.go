@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgworker/pgworker/backend"
 	"github.com/pgworker/pgworker/pipeline"
+	"github.com/pgworker/pgworker/worker"
 )
 
 var runCommand = &command{
@@ -137,9 +138,9 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	fs.env("queue", "PGWORKER_QUEUES")
 	fs.DurationVar(&timeout, "timeout", time.Hour, "longest run of the program for one row; 0 for none")
 	fs.env("timeout", "PGWORKER_TIMEOUT")
-	fs.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "how often the slots prove they are alive")
+	fs.DurationVar(&heartbeat, "heartbeat", worker.DefaultHeartbeatInterval, "how often the slots prove they are alive")
 	fs.env("heartbeat", "PGWORKER_HEARTBEAT")
-	fs.DurationVar(&leaseTimeout, "lease-timeout", 15*time.Second, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
+	fs.DurationVar(&leaseTimeout, "lease-timeout", worker.DefaultLeaseTimeout, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
 	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
 	fs.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "after SIGTERM, how long running rows may take to finish before they are stopped and handed back")
 	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
