@@ -2,7 +2,6 @@ package metrics_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testutil"
 	"github.com/pgworker/pgworker/metrics"
 	"github.com/pgworker/pgworker/worker"
 )
@@ -212,7 +212,12 @@ func TestScrapeFollowsTheWork(t *testing.T) {
 
 	s.exec(t, "INSERT INTO files.files (source) SELECT 'ok-' || g FROM generate_series(1, 5) g")
 	s.exec(t, "INSERT INTO files.files (source, queue) VALUES ('bad-1', 'default'), ('bad-2', 'other')")
-	waitFor(t, "the rows to end", func() bool { st := s.w.Stats(); return st.Done == 5 && st.Failed == 2 && st.BusySlots == 0 })
+	// Rows may end within one heartbeat interval: wait for a heartbeat too.
+	beats := uint64(before.value(t, "pgworker_heartbeats_total"))
+	waitFor(t, "the rows to end and a heartbeat", func() bool {
+		st := s.w.Stats()
+		return st.Done == 5 && st.Failed == 2 && st.BusySlots == 0 && st.Heartbeats > beats
+	})
 
 	after := s.scrape(t)
 	after.want(t, `pgworker_rows_claimed_total{queue="default"}`, 6)
@@ -357,7 +362,7 @@ func TestReadinessKeepsTheDatabaseErrorInTheLog(t *testing.T) {
 	proxy := pgtest.StartProxy(t, dbURL)
 	proxy.Refuse()
 	pool := pgtest.PoolFor(t, proxy.URL(t, dbURL))
-	var log lockedBuffer
+	var log testutil.SyncBuffer
 	m := metrics.New(pool, &metrics.Config{
 		QueryTimeout: 10 * time.Second,
 		Logger:       slog.New(slog.NewJSONHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -386,7 +391,7 @@ func TestReadinessKeepsTheDatabaseErrorInTheLog(t *testing.T) {
 				t.Errorf("/readyz %s shows %q: %q", when, s, body)
 			}
 		}
-		for _, e := range log.errors(t) {
+		for _, e := range loggedErrors(t, &log) {
 			if strings.Contains(body, e) {
 				t.Errorf("/readyz %s shows the error %q", when, e)
 			}
@@ -395,7 +400,7 @@ func TestReadinessKeepsTheDatabaseErrorInTheLog(t *testing.T) {
 
 	down("with the database refusing")
 	down("with the database still refusing")
-	errs := log.errors(t)
+	errs := loggedErrors(t, &log)
 	if len(errs) != 1 {
 		t.Fatalf("log after two probes of an unreachable database: %d errors, want 1:\n%s", len(errs), log.String())
 	}
@@ -416,31 +421,14 @@ func TestReadinessKeepsTheDatabaseErrorInTheLog(t *testing.T) {
 	proxy.Drop()
 	down("with the database gone again")
 	down("with the database still gone")
-	if n := len(log.errors(t)); n != 2 {
+	if n := len(loggedErrors(t, &log)); n != 2 {
 		t.Errorf("log after the database went away twice: %d errors, want 2:\n%s", n, log.String())
 	}
 }
 
-// lockedBuffer is a log that a test reads while the server writes it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// errors returns the "error" attribute of each logged line that has one.
-func (b *lockedBuffer) errors(t *testing.T) []string {
+// loggedErrors returns the "error" attribute of each logged line that has
+// one.
+func loggedErrors(t *testing.T, b *testutil.SyncBuffer) []string {
 	t.Helper()
 	var out []string
 	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
