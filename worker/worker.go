@@ -247,10 +247,7 @@ type Worker struct {
 	handlerCancel context.CancelCauseFunc
 	handlers      sync.WaitGroup
 	handoff       chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
-	recordMu      sync.Mutex
-	recordQueue   []*outcome    // outcomes for the recorder, in order
-	recordBell    chan struct{} // rung when recordQueue grows
-	recordClosed  bool          // the recorder has stopped: outcomes are given up
+	rec           *recorder
 
 	mu        sync.Mutex
 	ids       []string // the slots, in slot order
@@ -327,7 +324,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		startStop:   make(chan struct{}),
 		claimDone:   make(chan struct{}),
 		handoff:     make(chan *task),
-		recordBell:  make(chan struct{}, 1),
 		running:     map[int64]*task{},
 		suspects:    map[heldRow]int{},
 		hinted:      map[int64]time.Time{},
@@ -372,6 +368,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		}
 	}
 	w.key = rand.Text()
+	w.rec = newRecorder(pool, w, w.logger, w.lease, w.maxBatch)
 	w.ids = w.newIDs(w.minSlots)
 	w.unsettled = make(chan struct{}, w.maxSlots)
 	return w, nil
@@ -436,7 +433,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.reapEvery > 0 {
 		w.goLoop(w.reapLoop)
 	}
-	w.goLoop(w.recordLoop)
+	w.goLoop(w.rec.run)
 	go func() {
 		defer close(w.claimDone)
 		_ = w.claimer.Run(claimCtx, w.deliver)
@@ -703,7 +700,7 @@ func (w *Worker) execute(t *task) {
 	o = w.decide(t, res, err, elapsed, context.Cause(ctx))
 	o.ev = ev
 	if o.kind == kindRelease {
-		w.finish(o, w.release(t, o.message))
+		w.finish(o, w.rec.release(w.loopCtx, t, o.message))
 		w.freeSlot(t)
 		return
 	}
@@ -711,12 +708,12 @@ func (w *Worker) execute(t *task) {
 	case w.unsettled <- struct{}{}:
 		o.handedOver = true
 		w.freeSlot(t)
-		w.submit(o)
+		w.rec.submit(o)
 	default:
 		// As many outcomes wait as the process has slots: this slot waits
 		// for its own.
 		o.settled = make(chan struct{})
-		w.submit(o)
+		w.rec.submit(o)
 		<-o.settled
 		w.freeSlot(t)
 	}
