@@ -215,7 +215,6 @@ type Worker struct {
 	prefix      string
 	key         string // the slots' key: proves them ours to the SQL API
 	timeout     time.Duration
-	heartbeat   time.Duration
 	lease       time.Duration
 	reapEvery   time.Duration
 	safetyNet   time.Duration
@@ -248,6 +247,7 @@ type Worker struct {
 	handlers      sync.WaitGroup
 	handoff       chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
 	rec           *recorder
+	hb            *heartbeater
 
 	mu        sync.Mutex
 	ids       []string // the slots, in slot order
@@ -257,14 +257,11 @@ type Worker struct {
 	running   map[int64]*task     // rows claimed and not yet settled
 	busy      int                 // handlers running
 	unsettled chan struct{}       // a token per slot freed before its outcome was recorded
-	suspects  map[heldRow]int     // held in the database, unknown here
 	hinted    map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
-	beatNow   chan struct{}       // a hint asks for a heartbeat before the next tick
 	releases  map[int64]int       // rows released by Release, in a row
 	waiting   map[int64]*task     // the latest attempt of a row whose events are held, by row
 
-	done, failed, released, lost, cancelled, leaseLosses, orphans, reaped atomic.Uint64
-	heartbeats, heartbeatErrors                                           atomic.Uint64
+	done, failed, released, lost, cancelled, leaseLosses, reaped atomic.Uint64
 }
 
 // task is a row being worked on.
@@ -282,13 +279,6 @@ type task struct {
 	held  []Event     // the events held while waits
 	ended bool        // the end event has been observed
 	next  *task       // the row's next attempt in this worker, waiting for this one to end
-}
-
-// heldRow is one row of a heartbeat's answer.
-type heldRow struct {
-	workerID string
-	fileID   int64
-	attempt  int32
 }
 
 var workersInProcess atomic.Int64
@@ -311,7 +301,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		minSlots:    max(cfg.Slots, 1),
 		threshold:   cfg.ScaleThreshold,
 		timeout:     max(cfg.Timeout, 0),
-		heartbeat:   retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval),
 		lease:       retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout),
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		listener:    cfg.Listener,
@@ -325,9 +314,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		claimDone:   make(chan struct{}),
 		handoff:     make(chan *task),
 		running:     map[int64]*task{},
-		suspects:    map[heldRow]int{},
 		hinted:      map[int64]time.Time{},
-		beatNow:     make(chan struct{}, 1),
 		releases:    map[int64]int{},
 		waiting:     map[int64]*task{},
 	}
@@ -351,8 +338,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if w.threshold <= 0 {
 		w.threshold = 1
 	}
-	if w.heartbeat >= w.lease {
-		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", w.heartbeat, w.lease)
+	heartbeat := retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
+	if heartbeat >= w.lease {
+		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", heartbeat, w.lease)
 	}
 	if w.node == "" {
 		w.node, _ = os.Hostname()
@@ -369,6 +357,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	}
 	w.key = rand.Text()
 	w.rec = newRecorder(pool, w, w.logger, w.lease, w.maxBatch)
+	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
+	if w.maxSlots > w.minSlots {
+		w.hb.after = w.scale
+	}
 	w.ids = w.newIDs(w.minSlots)
 	w.unsettled = make(chan struct{}, w.maxSlots)
 	return w, nil
@@ -429,7 +421,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.ownListener {
 		w.goLoop(func(ctx context.Context) { _ = w.listener.Listen(ctx) })
 	}
-	w.goLoop(w.heartbeatLoop)
+	w.goLoop(w.hb.run)
 	if w.reapEvery > 0 {
 		w.goLoop(w.reapLoop)
 	}
@@ -588,9 +580,9 @@ func (w *Worker) Stats() Stats {
 		Lost:            w.lost.Load(),
 		Cancelled:       w.cancelled.Load(),
 		LeaseLosses:     w.leaseLosses.Load(),
-		Orphans:         w.orphans.Load(),
-		Heartbeats:      w.heartbeats.Load(),
-		HeartbeatErrors: w.heartbeatErrors.Load(),
+		Orphans:         w.hb.orphans.Load(),
+		Heartbeats:      w.hb.beats.Load(),
+		HeartbeatErrors: w.hb.errors.Load(),
 		Reaped:          w.reaped.Load(),
 		BusySlots:       busy,
 		Slots:           slots,
@@ -833,8 +825,5 @@ func (w *Worker) onControl(c listener.Control) {
 	}
 	w.hinted[c.FileID] = time.Now()
 	w.mu.Unlock()
-	select {
-	case w.beatNow <- struct{}{}:
-	default: // a heartbeat is asked for already
-	}
+	w.hb.soon()
 }
