@@ -209,9 +209,7 @@ type Worker struct {
 	gated    sync.WaitGroup // holdSlots goroutines
 
 	queues      []string
-	minSlots    int
 	maxSlots    int
-	threshold   float64
 	prefix      string
 	key         string // the slots' key: proves them ours to the SQL API
 	timeout     time.Duration
@@ -222,7 +220,6 @@ type Worker struct {
 	node        string
 	version     string
 	maxReleases int
-	maxBatch    int
 
 	listener    *listener.Listener
 	ownListener bool
@@ -252,8 +249,6 @@ type Worker struct {
 	mu        sync.Mutex
 	ids       []string // the slots, in slot order
 	nextSlot  int
-	above     int                 // consecutive scaling checks above the threshold
-	below     int                 // consecutive scaling checks below half of it
 	running   map[int64]*task     // rows claimed and not yet settled
 	busy      int                 // handlers running
 	unsettled chan struct{}       // a token per slot freed before its outcome was recorded
@@ -298,8 +293,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		observer:    cfg.Observer,
 		gate:        cfg.Gate,
 		queues:      slices.Clone(cfg.Queues),
-		minSlots:    max(cfg.Slots, 1),
-		threshold:   cfg.ScaleThreshold,
 		timeout:     max(cfg.Timeout, 0),
 		lease:       retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout),
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
@@ -308,7 +301,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		node:        cfg.Node,
 		version:     cfg.Version,
 		maxReleases: cfg.MaxReleases,
-		maxBatch:    cfg.MaxBatch,
 		stopped:     make(chan struct{}),
 		startStop:   make(chan struct{}),
 		claimDone:   make(chan struct{}),
@@ -331,12 +323,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if w.maxReleases <= 0 {
 		w.maxReleases = 3
 	}
-	if w.maxBatch <= 0 {
-		w.maxBatch = 1000
+	maxBatch := cfg.MaxBatch
+	if maxBatch <= 0 {
+		maxBatch = 1000
 	}
-	w.maxSlots = max(cfg.MaxSlots, w.minSlots)
-	if w.threshold <= 0 {
-		w.threshold = 1
+	minSlots := max(cfg.Slots, 1)
+	w.maxSlots = max(cfg.MaxSlots, minSlots)
+	threshold := cfg.ScaleThreshold
+	if threshold <= 0 {
+		threshold = 1
 	}
 	heartbeat := retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
 	if heartbeat >= w.lease {
@@ -356,12 +351,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		}
 	}
 	w.key = rand.Text()
-	w.rec = newRecorder(pool, w, w.logger, w.lease, w.maxBatch)
+	w.rec = newRecorder(pool, w, w.logger, w.lease, maxBatch)
 	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
-	if w.maxSlots > w.minSlots {
-		w.hb.after = w.scale
+	if w.maxSlots > minSlots {
+		w.hb.after = newScaler(pool, w, w.logger, w.queues, minSlots, w.maxSlots, threshold).check
 	}
-	w.ids = w.newIDs(w.minSlots)
+	w.ids = w.newIDs(minSlots)
 	w.unsettled = make(chan struct{}, w.maxSlots)
 	return w, nil
 }
