@@ -286,6 +286,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if cfg == nil || cfg.Handler == nil {
 		return nil, errors.New("worker: missing handler (set Config.Handler)")
 	}
+	lease := retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout)
+	heartbeat := retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
+	if heartbeat >= lease {
+		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", heartbeat, lease)
+	}
+	minSlots := max(cfg.Slots, 1)
 	w := &Worker{
 		pool:        pool,
 		handler:     cfg.Handler,
@@ -293,14 +299,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		observer:    cfg.Observer,
 		gate:        cfg.Gate,
 		queues:      slices.Clone(cfg.Queues),
+		maxSlots:    max(cfg.MaxSlots, minSlots),
 		timeout:     max(cfg.Timeout, 0),
-		lease:       retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout),
+		lease:       lease,
+		reapEvery:   cfg.ReapInterval,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		listener:    cfg.Listener,
 		listenURL:   cfg.ListenURL,
 		node:        cfg.Node,
 		version:     cfg.Version,
-		maxReleases: cfg.MaxReleases,
+		maxReleases: orPositive(cfg.MaxReleases, 3),
 		stopped:     make(chan struct{}),
 		startStop:   make(chan struct{}),
 		claimDone:   make(chan struct{}),
@@ -316,49 +324,56 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if len(w.queues) == 0 {
 		w.queues = nil
 	}
-	w.reapEvery = cfg.ReapInterval
 	if w.reapEvery == 0 {
 		w.reapEvery = w.lease
 	}
-	if w.maxReleases <= 0 {
-		w.maxReleases = 3
-	}
-	maxBatch := cfg.MaxBatch
-	if maxBatch <= 0 {
-		maxBatch = 1000
-	}
-	minSlots := max(cfg.Slots, 1)
-	w.maxSlots = max(cfg.MaxSlots, minSlots)
-	threshold := cfg.ScaleThreshold
-	if threshold <= 0 {
-		threshold = 1
-	}
-	heartbeat := retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
-	if heartbeat >= w.lease {
-		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", heartbeat, w.lease)
-	}
 	if w.node == "" {
-		w.node, _ = os.Hostname()
-		if w.node == "" {
-			w.node = "localhost"
-		}
+		w.node = hostname()
 	}
 	w.prefix = cfg.WorkerIDPrefix
 	if w.prefix == "" {
-		w.prefix = w.node + ":" + strconv.Itoa(os.Getpid())
-		if n := workersInProcess.Add(1); n > 1 {
-			w.prefix += "-" + strconv.FormatInt(n, 10)
-		}
+		w.prefix = processPrefix(w.node)
 	}
 	w.key = rand.Text()
-	w.rec = newRecorder(pool, w, w.logger, w.lease, maxBatch)
-	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
-	if w.maxSlots > minSlots {
-		w.hb.after = newScaler(pool, w, w.logger, w.queues, minSlots, w.maxSlots, threshold).check
-	}
 	w.ids = w.newIDs(minSlots)
 	w.unsettled = make(chan struct{}, w.maxSlots)
+
+	w.rec = newRecorder(pool, w, w.logger, w.lease, orPositive(cfg.MaxBatch, 1000))
+	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
+	if w.maxSlots > minSlots {
+		threshold := cfg.ScaleThreshold
+		if threshold <= 0 {
+			threshold = 1
+		}
+		w.hb.after = newScaler(pool, w, w.logger, w.queues, minSlots, w.maxSlots, threshold).check
+	}
 	return w, nil
+}
+
+// orPositive returns n, or def when n is not positive.
+func orPositive(n, def int) int {
+	if n <= 0 {
+		return def
+	}
+	return n
+}
+
+// hostname returns the host name recorded for the slots by default.
+func hostname() string {
+	if h, _ := os.Hostname(); h != "" {
+		return h
+	}
+	return "localhost"
+}
+
+// processPrefix returns the default prefix of the slot ids: node:pid, with
+// "-2", "-3"... appended for further workers of the same process.
+func processPrefix(node string) string {
+	prefix := node + ":" + strconv.Itoa(os.Getpid())
+	if n := workersInProcess.Add(1); n > 1 {
+		prefix += "-" + strconv.FormatInt(n, 10)
+	}
+	return prefix
 }
 
 // newIDs numbers n more slots.
@@ -525,26 +540,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	}
 	cancel()
 
-	var err error
-	finished := make(chan struct{})
-	go func() {
-		w.handlers.Wait()
-		close(finished)
-	}()
-	select {
-	case <-finished:
-	case <-ctx.Done():
-		err = ctx.Err()
-		w.handlerCancel(ErrStopping)
-		grace := time.NewTimer(stopGrace)
-		select {
-		case <-finished:
-		case <-grace.C:
-			w.logger.Warn("worker: handlers did not return after cancellation; their rows are released",
-				"handlers", w.Stats().BusySlots)
-		}
-		grace.Stop()
-	}
+	err := w.waitHandlers(ctx)
 
 	// Whatever is still held (handlers that did not return) goes back to the
 	// queue with the slots.
@@ -561,6 +557,32 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	w.handlerCancel(ErrStopping)
 	w.logger.Info("worker stopped", "done", w.done.Load(), "failed", w.failed.Load(), "released", w.released.Load())
 	return err
+}
+
+// waitHandlers waits for the running handlers to return. When ctx ends
+// first, it cancels them (cause ErrStopping), waits stopGrace more for them,
+// and returns ctx's error.
+func (w *Worker) waitHandlers(ctx context.Context) error {
+	finished := make(chan struct{})
+	go func() {
+		w.handlers.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return nil
+	case <-ctx.Done():
+	}
+	w.handlerCancel(ErrStopping)
+	grace := time.NewTimer(stopGrace)
+	defer grace.Stop()
+	select {
+	case <-finished:
+	case <-grace.C:
+		w.logger.Warn("worker: handlers did not return after cancellation; their rows are released",
+			"handlers", w.Stats().BusySlots)
+	}
+	return ctx.Err()
 }
 
 // Stats returns the worker's counters.
