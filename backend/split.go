@@ -122,30 +122,11 @@ func split(s string) ([]word, error) {
 			i += end + 1
 		case c == '"':
 			begin(i)
-			open := i
-			closed := false
-			for i++; i < len(s); i++ {
-				d := s[i]
-				if d == '"' {
-					closed = true
-					break
-				}
-				if d == '\\' && i+1 < len(s) {
-					switch s[i+1] {
-					case '"', '\\', '$', '`':
-						i++
-						add(s[i], i)
-						continue
-					case '\n':
-						i++
-						continue
-					}
-				}
-				add(d, i)
+			end, err := doubleQuoted(s, i, add)
+			if err != nil {
+				return nil, err
 			}
-			if !closed {
-				return nil, syntaxError(s, open, `unterminated double quote: add the closing "`)
-			}
+			i = end
 		default:
 			begin(i)
 			add(c, i)
@@ -155,6 +136,31 @@ func split(s string) ([]word, error) {
 		words = append(words, word{text: string(buf), pos: pos, start: start})
 	}
 	return words, nil
+}
+
+// doubleQuoted adds the text of the double-quoted string that opens at
+// s[open], where a backslash escapes only ", \, $, ` and a newline, and
+// returns the offset of the closing quote.
+func doubleQuoted(s string, open int, add func(c byte, at int)) (int, error) {
+	for i := open + 1; i < len(s); i++ {
+		d := s[i]
+		if d == '"' {
+			return i, nil
+		}
+		if d == '\\' && i+1 < len(s) {
+			switch s[i+1] {
+			case '"', '\\', '$', '`':
+				i++
+				add(s[i], i)
+				continue
+			case '\n':
+				i++
+				continue
+			}
+		}
+		add(d, i)
+	}
+	return 0, syntaxError(s, open, `unterminated double quote: add the closing "`)
 }
 
 // Join quotes words so that Split gives them back: the inverse of Split, for

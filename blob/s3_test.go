@@ -257,8 +257,9 @@ func faultOptions(srv *miniotest.Server, rec *recorder) blob.Options {
 	})
 }
 
-// fault runs the interruption while g holds a transfer, then lets it go on.
-func fault(t *testing.T, g *gate, interrupt, recover func() error) {
+// fault runs the interruption while g holds a transfer, lets the transfer
+// go on, and recovers once the store has logged a retry: the fault hit it.
+func fault(t *testing.T, g *gate, rec *recorder, interrupt, recover func() error) {
 	t.Helper()
 	go func() {
 		<-g.reached
@@ -266,7 +267,9 @@ func fault(t *testing.T, g *gate, interrupt, recover func() error) {
 			t.Errorf("interrupt: %v", err)
 		}
 		close(g.open)
-		time.Sleep(1500 * time.Millisecond) // let attempts fail meanwhile
+		for deadline := time.Now().Add(2 * time.Minute); rec.count("retrying") == 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
 		if err := recover(); err != nil {
 			t.Errorf("recover: %v", err)
 		}
@@ -301,7 +304,7 @@ func TestS3Faults(t *testing.T) {
 				t.Fatal(err)
 			}
 			g := newGate(8 << 20)
-			fault(t, g, f.interrupt, f.recover)
+			fault(t, g, rec, f.interrupt, f.recover)
 			w := newHashWriter()
 			info, err := s.Get(ctx, "big", gatedWriter{w, g})
 			if err != nil || info.SHA256 != want || w.sum() != want {
@@ -315,7 +318,7 @@ func TestS3Faults(t *testing.T) {
 			rec := &recorder{}
 			s := openStore(t, "s3://"+bucket, faultOptions(srv, rec))
 			g := newGate(12 << 20) // inside the third part
-			fault(t, g, f.interrupt, f.recover)
+			fault(t, g, rec, f.interrupt, f.recover)
 			info, err := s.Put(ctx, "up-"+f.name, gatedReader{pattern(7, size), g}, -1)
 			if err != nil || info.SHA256 != want || info.Size != size {
 				t.Fatalf("put = %+v, %v\n%s", info, err, rec)

@@ -1,10 +1,13 @@
 package cli_test
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/pgworker/pgworker/internal/clitest"
+	"github.com/pgworker/pgworker/migrations"
 )
 
 // terminalControls are bytes and runes that move a terminal: ESC (CSI and
@@ -31,9 +34,12 @@ func TestTextOutputEscapesControlCharacters(t *testing.T) {
 		queue  = "q\x1b[31mred\u202e"
 		source = "in/\x1b[2Jclear\u009b1m\rx.csv"
 	)
-	exec(t, pool, "SELECT files.register_worker($1, 'node', 1, 0, 'v')", worker)
+	var key string
+	if err := pool.QueryRow(context.Background(), "SELECT files.register_worker($1, 'node', 1, 0, 'v')", worker).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
 	exec(t, pool, "INSERT INTO files.files (queue, source) VALUES ($1, $2), ($1, 'other')", queue, source)
-	if n := count(t, pool, "SELECT count(*) FROM files.claim($1, ARRAY[$2])", worker, queue); n != 1 {
+	if n := count(t, pool, "SELECT count(*) FROM files.claim($1, ARRAY[$2], 1, $3)", worker, queue, key); n != 1 {
 		t.Fatalf("claimed %d rows", n)
 	}
 
@@ -66,7 +72,7 @@ func TestEmptyQueueName(t *testing.T) {
 	url, pool := newDB(t)
 	exec(t, pool, "INSERT INTO files.files (queue, source) VALUES ('a', 'x'), ('b', 'y')")
 	for range 2 {
-		exec(t, pool, `SELECT files.fail(c.id, 'w:1:0', c.attempt, 'broken', false) FROM files.claim('w:1:0') c`)
+		exec(t, pool, `SELECT files.fail(c.id, 'w:1:0', c.attempt, c.claim_token, 'broken', false) FROM files.claim('w:1:0') c`)
 	}
 	for _, args := range [][]string{
 		{"retry", "--failed", "--queue", ""},
@@ -83,6 +89,37 @@ func TestEmptyQueueName(t *testing.T) {
 	}
 	if out := ok(t, url, "", "retry", "--failed", "--queue", "a"); out != "requeued 1 row\n" {
 		t.Errorf("retry --failed --queue a: %q", out)
+	}
+}
+
+// A queue name may have migrations.MaxQueueNameLength characters, however
+// many bytes they take: the schema counts characters, and so does every
+// command that takes a queue.
+func TestMultibyteQueueName(t *testing.T) {
+	t.Parallel()
+	url, pool := newDB(t)
+	name := strings.Repeat("é", migrations.MaxQueueNameLength-1) + "列"
+	if n := utf8.RuneCountInString(name); n != migrations.MaxQueueNameLength || len(name) <= migrations.MaxQueueNameLength {
+		t.Fatalf("test name has %d characters in %d bytes", n, len(name))
+	}
+	ok(t, url, "", "enqueue", "--queue", name, "src")
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE queue = $1", name); n != 1 {
+		t.Fatalf("%d rows in the queue, want 1", n)
+	}
+	ok(t, url, "", "pause", name)
+	ok(t, url, "", "resume", name)
+	ok(t, url, "", "retry", "--failed", "--queue", name)
+	res := clitest.Run(t, bin, nil, clitest.Env("PGWORKER_DATABASE_URL="+clitest.ClosedURL(t), "PGWORKER_WORK_DIR="+t.TempDir()),
+		"run", "--exec", "/bin/true", "--queue", name)
+	if res.Code != 1 || !strings.Contains(res.Stderr, "cannot reach the database") {
+		t.Errorf("run --queue with %d characters: exit %d, stderr:\n%s\nwant it past the flags, to the database", migrations.MaxQueueNameLength, res.Code, res.Stderr)
+	}
+
+	long := name + "é"
+	fails(t, url, "", 2, []string{"--queue", "characters"}, "enqueue", "--queue", long, "src")
+	fails(t, url, "", 2, []string{"--queue", "characters"}, "retry", "--failed", "--queue", long)
+	if n := count(t, pool, "SELECT count(*) FROM files.files"); n != 1 {
+		t.Errorf("%d rows after a refused enqueue, want 1", n)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/pgworker/pgworker/migrations"
 	"github.com/pgworker/pgworker/queue"
 )
 
@@ -123,8 +124,8 @@ func (f *enqueueFlags) check(fs *flagSet) (*queue.EnqueueOpts, error) {
 	if f.queue == "" {
 		return nil, usagef("--queue is empty: give a queue name, or leave --queue out for the queue \"default\"")
 	}
-	if len(f.queue) > queue.MaxQueueBytes {
-		return nil, usagef("--queue must have 1 to %d characters", queue.MaxQueueBytes)
+	if !migrations.ValidQueueName(f.queue) {
+		return nil, usagef("--queue must have 1 to %d characters", migrations.MaxQueueNameLength)
 	}
 	if f.priority < math.MinInt32 || f.priority > math.MaxInt32 {
 		return nil, usagef("--priority %d is out of range (it is a 32-bit integer)", f.priority)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgworker/pgworker/backend"
 	"github.com/pgworker/pgworker/pipeline"
+	"github.com/pgworker/pgworker/worker"
 )
 
 var runCommand = &command{
@@ -118,119 +119,156 @@ type RunConfig struct {
 
 func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	inv := e.invocation(runCommand)
-	fs := inv.fs
-	var (
-		execCmd, slots, metricsAddr, workDir, listenURL      string
-		inputStore, outputStore                              string
-		queues, passEnv                                      listFlag
-		runAs                                                string
-		rowLogLines, rowLogBytes                             int
-		timeout, heartbeat, leaseTimeout, drainTimeout, kill time.Duration
-		maxOutputFiles                                       int
-		maxOutputBytes                                       = sizeFlag(pipeline.DefaultMaxOutputBytes)
-	)
-	fs.StringVar(&execCmd, "exec", "", "the `COMMAND` to run for each row, with placeholders (see above)")
-	fs.env("exec", "PGWORKER_EXEC")
-	fs.StringVar(&slots, "slots", "1", "rows worked on at once: `N` or MIN-MAX")
-	fs.env("slots", "PGWORKER_SLOTS")
-	fs.Var(&queues, "queue", "serve this `QUEUE` (repeat for several; default all); the twin takes a comma-separated list")
-	fs.env("queue", "PGWORKER_QUEUES")
-	fs.DurationVar(&timeout, "timeout", time.Hour, "longest run of the program for one row; 0 for none")
-	fs.env("timeout", "PGWORKER_TIMEOUT")
-	fs.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "how often the slots prove they are alive")
-	fs.env("heartbeat", "PGWORKER_HEARTBEAT")
-	fs.DurationVar(&leaseTimeout, "lease-timeout", 15*time.Second, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
-	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
-	fs.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "after SIGTERM, how long running rows may take to finish before they are stopped and handed back")
-	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
-	fs.DurationVar(&kill, "kill-grace", 10*time.Second, "time between SIGTERM and SIGKILL when a program is stopped")
-	fs.env("kill-grace", "PGWORKER_KILL_GRACE")
-	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve metrics on this `HOST:PORT` (default: off)")
-	fs.env("metrics-addr", "PGWORKER_METRICS_ADDR")
-	defaultWorkDir, _ := pipeline.DefaultWorkDir()
-	fs.StringVar(&workDir, "work-dir", defaultWorkDir, "`DIR` for the slots' inputs and outputs: it must belong to this user and be writable by nobody else, "+
-		"below directories that only this user or root can change (or sticky ones, like /tmp); it is created with mode 0700 if missing. "+
-		"By default $STATE_DIRECTORY/work when systemd's StateDirectory= sets it, else pgworker in the user's cache directory ($XDG_CACHE_HOME or ~/.cache)")
-	fs.env("work-dir", "PGWORKER_WORK_DIR")
-	fs.IntVar(&maxOutputFiles, "max-output-files", pipeline.DefaultMaxOutputFiles, "most files one row may upload; a row with more fails, with nothing uploaded; 0 for no bound")
-	fs.env("max-output-files", "PGWORKER_MAX_OUTPUT_FILES")
-	fs.Var(&maxOutputBytes, "max-output-bytes", "most bytes one row may upload, e.g. 500MiB or 10GiB (a sparse file counts at its length); a row with more fails, with nothing uploaded; 0 for no bound")
-	fs.env("max-output-bytes", "PGWORKER_MAX_OUTPUT_BYTES")
-	fs.StringVar(&listenURL, "listen-url", "", "database `URL` for LISTEN when --database-url goes through a transaction-pooling PgBouncer (default: --database-url)")
-	fs.env("listen-url", "PGWORKER_LISTEN_URL")
-	fs.StringVar(&inputStore, "input-store", "", "`URL` where sources are read: s3://bucket/prefix or file:///dir")
-	fs.env("input-store", "PGWORKER_INPUT_STORE")
-	fs.StringVar(&outputStore, "output-store", "", "`URL` where outputs are written: s3://bucket/prefix or file:///dir")
-	fs.env("output-store", "PGWORKER_OUTPUT_STORE")
-	fs.Var(&passEnv, "pass-env", "hand the environment variable `NAME` to the program although it is withheld by default (repeatable); the twin takes a comma-separated list")
-	fs.env("pass-env", "PGWORKER_PASS_ENV")
-	fs.StringVar(&runAs, "run-as", "", "run the program as this `USER` (name, uid, or UID:GID); the worker must start as root")
-	fs.env("run-as", "PGWORKER_RUN_AS")
-	fs.IntVar(&rowLogLines, "row-log-lines", 1000, "lines of the program's output logged per row; past them one line says how many more were not (0: none)")
-	fs.env("row-log-lines", "PGWORKER_ROW_LOG_LINES")
-	fs.IntVar(&rowLogBytes, "row-log-bytes", 1<<20, "bytes of the program's output logged per row (0: none)")
-	fs.env("row-log-bytes", "PGWORKER_ROW_LOG_BYTES")
+	f := &runFlags{maxOutputBytes: sizeFlag(pipeline.DefaultMaxOutputBytes)}
+	f.add(inv.fs)
 	if help, err := inv.parse(args); help || err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q: the command goes in --exec, quoted (see 'pgworker run --help')", fs.Arg(0))
-	}
-	if rowLogLines < 0 || rowLogBytes < 0 {
-		return usagef("--row-log-lines and --row-log-bytes must not be negative (0 logs none of the program's output)")
-	}
-	if maxOutputFiles < 0 {
-		return usagef("--max-output-files must not be negative (0 means no bound)")
-	}
-
-	cfg := &RunConfig{
-		Exec: execCmd, Queues: queues, Timeout: timeout, Heartbeat: heartbeat, LeaseTimeout: leaseTimeout,
-		DrainTimeout: drainTimeout, KillGrace: kill, MetricsAddr: metricsAddr, WorkDir: workDir,
-		MaxOutputFiles: noBound(maxOutputFiles), MaxOutputBytes: noBound(int64(maxOutputBytes)),
-		InputStore: inputStore, OutputStore: outputStore, ListenURL: listenURL, Version: version(),
-	}
-	if err := cfg.check(slots); err != nil {
+	cfg, err := f.check(inv.fs)
+	if err != nil {
 		return err
 	}
 	if err := inv.resolve(); err != nil {
 		return err
 	}
 	cfg.DatabaseURL = inv.db.url
-	if listenURL != "" {
-		if _, err := pgx.ParseConfig(listenURL); err != nil {
-			return usagef("--listen-url %s is not a valid database URL", RedactURL(listenURL))
+	cfg.Logger = inv.logger()
+	if err := f.prepare(cfg); err != nil {
+		return err
+	}
+	return c.startRun(ctx, inv, cfg)
+}
+
+// runFlags are the flags of pgworker run.
+type runFlags struct {
+	exec, slots, metricsAddr, workDir, listenURL              string
+	inputStore, outputStore                                   string
+	queues, passEnv                                           listFlag
+	runAs                                                     string
+	rowLogLines, rowLogBytes                                  int
+	timeout, heartbeat, leaseTimeout, drainTimeout, killGrace time.Duration
+	maxOutputFiles                                            int
+	maxOutputBytes                                            sizeFlag
+}
+
+func (f *runFlags) add(fs *flagSet) {
+	fs.StringVar(&f.exec, "exec", "", "the `COMMAND` to run for each row, with placeholders (see above)")
+	fs.env("exec", "PGWORKER_EXEC")
+	fs.StringVar(&f.slots, "slots", "1", "rows worked on at once: `N` or MIN-MAX")
+	fs.env("slots", "PGWORKER_SLOTS")
+	fs.Var(&f.queues, "queue", "serve this `QUEUE` (repeat for several; default all); the twin takes a comma-separated list")
+	fs.env("queue", "PGWORKER_QUEUES")
+	fs.DurationVar(&f.timeout, "timeout", time.Hour, "longest run of the program for one row; 0 for none")
+	fs.env("timeout", "PGWORKER_TIMEOUT")
+	fs.DurationVar(&f.heartbeat, "heartbeat", worker.DefaultHeartbeatInterval, "how often the slots prove they are alive")
+	fs.env("heartbeat", "PGWORKER_HEARTBEAT")
+	fs.DurationVar(&f.leaseTimeout, "lease-timeout", worker.DefaultLeaseTimeout, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
+	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "after SIGTERM, how long running rows may take to finish before they are stopped and handed back")
+	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
+	fs.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between SIGTERM and SIGKILL when a program is stopped")
+	fs.env("kill-grace", "PGWORKER_KILL_GRACE")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve metrics on this `HOST:PORT` (default: off)")
+	fs.env("metrics-addr", "PGWORKER_METRICS_ADDR")
+	defaultWorkDir, _ := pipeline.DefaultWorkDir()
+	fs.StringVar(&f.workDir, "work-dir", defaultWorkDir, "`DIR` for the slots' inputs and outputs: it must belong to this user and be writable by nobody else, "+
+		"below directories that only this user or root can change (or sticky ones, like /tmp); it is created with mode 0700 if missing (0711 with --run-as, so the program's user can pass through). "+
+		"By default $STATE_DIRECTORY/work when systemd's StateDirectory= sets it, else pgworker in the user's cache directory ($XDG_CACHE_HOME or ~/.cache)")
+	fs.env("work-dir", "PGWORKER_WORK_DIR")
+	fs.IntVar(&f.maxOutputFiles, "max-output-files", pipeline.DefaultMaxOutputFiles, "most files one row may upload; a row with more fails, with nothing uploaded; 0 for no bound")
+	fs.env("max-output-files", "PGWORKER_MAX_OUTPUT_FILES")
+	fs.Var(&f.maxOutputBytes, "max-output-bytes", "most bytes one row may upload, e.g. 500MiB or 10GiB (a sparse file counts at its length); a row with more fails, with nothing uploaded; 0 for no bound")
+	fs.env("max-output-bytes", "PGWORKER_MAX_OUTPUT_BYTES")
+	fs.StringVar(&f.listenURL, "listen-url", "", "database `URL` for LISTEN when --database-url goes through a transaction-pooling PgBouncer (default: --database-url)")
+	fs.env("listen-url", "PGWORKER_LISTEN_URL")
+	fs.StringVar(&f.inputStore, "input-store", "", "`URL` where sources are read: s3://bucket/prefix or file:///dir")
+	fs.env("input-store", "PGWORKER_INPUT_STORE")
+	fs.StringVar(&f.outputStore, "output-store", "", "`URL` where outputs are written: s3://bucket/prefix or file:///dir")
+	fs.env("output-store", "PGWORKER_OUTPUT_STORE")
+	fs.Var(&f.passEnv, "pass-env", "hand the environment variable `NAME` to the program although it is withheld by default (repeatable); the twin takes a comma-separated list")
+	fs.env("pass-env", "PGWORKER_PASS_ENV")
+	fs.StringVar(&f.runAs, "run-as", "", "run the program as this `USER` (name, uid, or UID:GID); the worker must start as root")
+	fs.env("run-as", "PGWORKER_RUN_AS")
+	fs.IntVar(&f.rowLogLines, "row-log-lines", 1000, "lines of the program's output logged per row; past them one line says how many more were not (0: none)")
+	fs.env("row-log-lines", "PGWORKER_ROW_LOG_LINES")
+	fs.IntVar(&f.rowLogBytes, "row-log-bytes", 1<<20, "bytes of the program's output logged per row (0: none)")
+	fs.env("row-log-bytes", "PGWORKER_ROW_LOG_BYTES")
+}
+
+// check validates the flags that need no I/O and returns the run's
+// configuration so far.
+func (f *runFlags) check(fs *flagSet) (*RunConfig, error) {
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q: the command goes in --exec, quoted (see 'pgworker run --help')", fs.Arg(0))
+	}
+	if f.rowLogLines < 0 || f.rowLogBytes < 0 {
+		return nil, usagef("--row-log-lines and --row-log-bytes must not be negative (0 logs none of the program's output)")
+	}
+	if f.maxOutputFiles < 0 {
+		return nil, usagef("--max-output-files must not be negative (0 means no bound)")
+	}
+	cfg := &RunConfig{
+		Exec: f.exec, Queues: f.queues, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
+		DrainTimeout: f.drainTimeout, KillGrace: f.killGrace, MetricsAddr: f.metricsAddr, WorkDir: f.workDir,
+		MaxOutputFiles: noBound(f.maxOutputFiles), MaxOutputBytes: noBound(int64(f.maxOutputBytes)),
+		InputStore: f.inputStore, OutputStore: f.outputStore, ListenURL: f.listenURL, Version: version(),
+	}
+	if err := cfg.check(f.slots); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// prepare checks what the flags name on this node, once the database flags
+// are resolved: the listen URL, the program (cfg.Backend) and the work
+// directory, which it creates when missing.
+func (f *runFlags) prepare(cfg *RunConfig) error {
+	if f.listenURL != "" {
+		if _, err := pgx.ParseConfig(f.listenURL); err != nil {
+			return usagef("--listen-url %s is not a valid database URL", RedactURL(f.listenURL))
 		}
 	}
-	cfg.Logger = inv.logger()
-	if leaseTimeout < 2*heartbeat {
+	if f.leaseTimeout < 2*f.heartbeat {
 		cfg.Logger.Warn("the lease timeout is shorter than two heartbeats: one late heartbeat loses the slot's row",
-			"heartbeat", heartbeat, "lease_timeout", leaseTimeout)
+			"heartbeat", f.heartbeat, "lease_timeout", f.leaseTimeout)
 	}
-
 	var err error
 	cfg.Backend, err = backend.New(&backend.Config{
-		Command: execCmd, Timeout: timeout, KillGrace: kill, PassEnv: passEnv, Logger: cfg.Logger,
-		LogLines: noneIsNegative(rowLogLines), LogBytes: noneIsNegative(rowLogBytes), RunAs: runAs,
+		Command: f.exec, Timeout: f.timeout, KillGrace: f.killGrace, PassEnv: f.passEnv, Logger: cfg.Logger,
+		LogLines: noneIsNegative(f.rowLogLines), LogBytes: noneIsNegative(f.rowLogBytes), RunAs: f.runAs,
 	})
 	var se *backend.SyntaxError
 	switch {
 	case errors.As(err, &se), errors.Is(err, backend.ErrEmptyCommand):
-		return usagef("--exec %s: %v", clip(execCmd, 80), err)
+		return usagef("--exec %s: %v", clip(f.exec, 80), err)
 	case errors.Is(err, backend.ErrRunAs):
 		return usagef("--run-as: %v", err)
 	case err != nil:
 		return fmt.Errorf("--exec: %w", err)
 	}
-	if cfg.WorkDir, err = pipeline.MakeWorkDir(workDir); err != nil {
+	if cfg.WorkDir, err = pipeline.MakeWorkDir(f.workDir); err != nil {
 		if errors.Is(err, pipeline.ErrUnsafeWorkDir) {
 			return usagef("--work-dir: %v", err)
 		}
 		return fmt.Errorf("--work-dir: %w", err)
 	}
-	if err := cfg.Backend.CheckWorkDir(workDir); err != nil {
+	if f.runAs != "" {
+		// The program's user must pass through the work directory to reach
+		// its job's directory: search, not listing.
+		if err := pipeline.LetOthersSearch(cfg.WorkDir); err != nil {
+			return fmt.Errorf("--work-dir: %w", err)
+		}
+	}
+	if err := cfg.Backend.CheckWorkDir(cfg.WorkDir); err != nil {
 		return fmt.Errorf("--run-as: %w", err)
 	}
+	return nil
+}
 
+// startRun connects, drains at the first SIGTERM or SIGINT and stops at the
+// second, and runs the slots until they end.
+func (c *CLI) startRun(ctx context.Context, inv *invocation, cfg *RunConfig) error {
+	var err error
 	cfg.Pool, err = inv.connect(ctx, int32(cfg.SlotsMax+4))
 	if err != nil {
 		return err
@@ -240,13 +278,17 @@ func (c *CLI) run(ctx context.Context, e *env, args []string) error {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	ctx, hard, stop := drainOnSignal(ctx, sigs, cfg.Logger, drainTimeout)
+	ctx, hard, stop := drainOnSignal(ctx, sigs, cfg.Logger, cfg.DrainTimeout)
 	defer stop()
 	cfg.HardStop = hard
 
+	slots := strconv.Itoa(cfg.SlotsMin)
+	if cfg.SlotsMax != cfg.SlotsMin {
+		slots += "-" + strconv.Itoa(cfg.SlotsMax)
+	}
 	cfg.Logger.Info("pgworker run starting", "version", cfg.Version, "database", RedactURL(cfg.DatabaseURL),
 		"exec", cfg.Exec, "program", cfg.Backend.Program(), "slots", slots, "queues", []string(cfg.Queues),
-		"heartbeat", heartbeat, "lease_timeout", leaseTimeout, "timeout", timeout)
+		"heartbeat", cfg.Heartbeat, "lease_timeout", cfg.LeaseTimeout, "timeout", cfg.Timeout)
 	return c.cfg.RunWorkers(ctx, cfg)
 }
 

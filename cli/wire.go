@@ -64,7 +64,6 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		return fmt.Errorf("run: %w", err)
 	}
 	if m != nil {
-		m.Watch(w)
 		srv := metrics.NewServer(m.Handler(), &metrics.ServerConfig{Addr: cfg.MetricsAddr, Logger: cfg.Logger})
 		if err := srv.Start(ctx); err != nil {
 			return fmt.Errorf("run: --metrics-addr: %w", err)
@@ -81,6 +80,11 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	}
 	if err := w.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("run: %w", err)
+	}
+	if m != nil {
+		// Once started: Worker.Stats must not run while Start sets it up.
+		// Until then /readyz says that no worker has started.
+		m.Watch(w)
 	}
 	<-ctx.Done()
 	return drain(w, cfg)

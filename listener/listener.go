@@ -130,6 +130,7 @@ type Stats struct {
 	Reconnects    uint64 // of those, the ones after the first
 	Failures      uint64 // connection attempts and sessions that failed
 	Notifications uint64 // notifications received
+	Malformed     uint64 // control messages that were not JSON of the form of Control, ignored
 	Pings         uint64 // health checks of the idle connection
 }
 
@@ -148,11 +149,13 @@ type Listener struct {
 	mu       sync.RWMutex
 	subs     []*Subscription
 	controls []*controlSub
+	hooks    []*connectHook
 
 	connected     atomic.Bool
 	connects      atomic.Uint64
 	failures      atomic.Uint64
 	notifications atomic.Uint64
+	malformed     atomic.Uint64
 	pings         atomic.Uint64
 
 	// Outage bookkeeping, touched by the Listen goroutine only.
@@ -288,6 +291,25 @@ func (l *Listener) OnControl(fn func(Control)) (remove func()) {
 	}
 }
 
+type connectHook struct{ fn func() }
+
+// OnConnect calls fn each time a session reaches LISTEN, the first and every
+// reconnect, from the listener's goroutine: fn must return quickly. Control
+// messages sent while the listener was away are lost, so a subscriber that
+// acts on them checks the database here instead. The returned function
+// removes it.
+func (l *Listener) OnConnect(fn func()) (remove func()) {
+	h := &connectHook{fn: fn}
+	l.mu.Lock()
+	l.hooks = append(l.hooks, h)
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.hooks = slices.DeleteFunc(l.hooks, func(x *connectHook) bool { return x == h })
+	}
+}
+
 // RingAll rings every doorbell.
 func (l *Listener) RingAll() {
 	l.mu.RLock()
@@ -311,7 +333,10 @@ func (l *Listener) onNotification(_ *pgconn.PgConn, n *pgconn.Notification) {
 	case ChannelControl:
 		var c Control
 		if err := json.Unmarshal([]byte(n.Payload), &c); err != nil {
-			l.logger.Warn("listener: ignoring malformed control message", "payload", n.Payload, "error", err)
+			// Any role that can connect may send one: a counter and a debug
+			// line, never a warning per message or the payload itself.
+			l.malformed.Add(1)
+			l.logger.Debug("listener: ignoring malformed control message", "bytes", len(n.Payload), "error", err)
 			return
 		}
 		l.mu.RLock()
@@ -332,6 +357,7 @@ func (l *Listener) Stats() Stats {
 		Reconnects:    max(connects, 1) - 1,
 		Failures:      l.failures.Load(),
 		Notifications: l.notifications.Load(),
+		Malformed:     l.malformed.Load(),
 		Pings:         l.pings.Load(),
 	}
 }
@@ -439,6 +465,12 @@ func (l *Listener) session(ctx context.Context) (up bool, err error) {
 	l.reportUp()
 	// Whatever was sent while we were away is lost: everyone looks once.
 	l.RingAll()
+	l.mu.RLock()
+	hooks := slices.Clone(l.hooks)
+	l.mu.RUnlock()
+	for _, h := range hooks {
+		h.fn()
+	}
 
 	for {
 		wctx, cancel := context.WithTimeout(ctx, l.pingInterval)

@@ -284,3 +284,66 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 type syncBuffer = testutil.SyncBuffer
+
+// Any role that can connect can send on files_control: malformed messages are
+// counted, not logged as warnings (a flood of them must not flood the log).
+func TestMalformedControlMessagesAreCounted(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	var logs syncBuffer
+	l := newListener(t, &listener.Config{
+		URL:          url,
+		Logger:       slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		PingInterval: time.Hour,
+	})
+	got := make(chan listener.Control, 1)
+	remove := l.OnControl(func(c listener.Control) { got <- c })
+	defer remove()
+	sub := l.Subscribe()
+	defer sub.Close()
+	run(t, l)
+	ring(t, sub, "connect")
+
+	const forged = 20
+	for range forged {
+		notify(t, pool, listener.ChannelControl, "\x1b]0;not json")
+	}
+	// Notifications of one session arrive in commit order: the valid message
+	// comes after every malformed one.
+	notify(t, pool, listener.ChannelControl, `{"op":"cancel","file_id":1,"worker_id":"n:1:0"}`)
+	select {
+	case <-got:
+	case <-time.After(patience):
+		t.Fatal("no control message")
+	}
+	if n := l.Stats().Malformed; n != forged {
+		t.Errorf("Malformed = %d, want %d", n, forged)
+	}
+	if out := logs.String(); out != "" {
+		t.Errorf("malformed messages were logged:\n%s", out)
+	}
+}
+
+// OnConnect hooks run after the first LISTEN and after every reconnect.
+func TestOnConnectAfterEveryReconnect(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := newListener(t, &listener.Config{URL: url, BackoffMin: 10 * time.Millisecond, PingInterval: time.Hour})
+	connected := make(chan struct{}, 4)
+	remove := l.OnConnect(func() { connected <- struct{}{} })
+	defer remove()
+	run(t, l)
+
+	for i, what := range []string{"connect", "reconnect"} {
+		if i > 0 {
+			terminateListener(t, pool)
+		}
+		select {
+		case <-connected:
+		case <-time.After(patience):
+			t.Fatalf("no hook call after the %s", what)
+		}
+	}
+}

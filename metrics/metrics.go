@@ -65,7 +65,8 @@ type Config struct {
 	Registry *prometheus.Registry
 
 	// Logger receives one line when the queue gauges cannot be read, and one
-	// when they can again. Defaults to discarding.
+	// when they can again; the same for the readiness check's ping, with the
+	// error that /readyz does not show. Defaults to discarding.
 	Logger *slog.Logger
 }
 
@@ -80,6 +81,7 @@ type Metrics struct {
 	mu      sync.Mutex
 	workers []*worker.Worker
 	checks  []func(context.Context) error // see AddReadyCheck
+	dbDown  bool                          // the last readiness ping failed
 
 	claimed, done, released, lost, cancelled *prometheus.CounterVec
 	failed                                   *prometheus.CounterVec
@@ -441,11 +443,31 @@ func (m *Metrics) ready(ctx context.Context) (ok bool, problems []string) {
 	if m.pool != nil {
 		ctx, cancel := context.WithTimeout(ctx, m.timeout)
 		defer cancel()
-		if err := m.pool.Ping(ctx); err != nil {
-			problems = append(problems, "database: "+err.Error())
+		err := m.pool.Ping(ctx)
+		m.noteDatabase(err)
+		if err != nil {
+			problems = append(problems, "database: unreachable")
 		}
 	}
 	return len(problems) == 0, problems
+}
+
+// noteDatabase logs the readiness ping's error when the database stops
+// answering, and one line when it answers again: once per change, not per
+// probe. The error names the user, the database and the host, so it goes to
+// the log only and /readyz says "database: unreachable".
+func (m *Metrics) noteDatabase(err error) {
+	m.mu.Lock()
+	changed := (err != nil) != m.dbDown
+	m.dbDown = err != nil
+	m.mu.Unlock()
+	switch {
+	case !changed:
+	case err != nil:
+		m.logger.Warn("metrics: readiness: the database does not answer", "error", err)
+	default:
+		m.logger.Info("metrics: readiness: the database answers again")
+	}
 }
 
 // Handler serves /metrics (Prometheus text format), /healthz and /readyz.

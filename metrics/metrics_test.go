@@ -3,11 +3,14 @@ package metrics_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testutil"
 	"github.com/pgworker/pgworker/metrics"
 	"github.com/pgworker/pgworker/worker"
 )
@@ -381,6 +385,105 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("/metrics with the database down: %d", code)
 	}
 	parse(t, body).want(t, "pgworker_queue_stats_errors_total", 1)
+}
+
+// /readyz is for anyone who reaches the port: when the database does not
+// answer it gives a short reason, and the error, which names the user, the
+// database and the host, goes to the log, once per change of state.
+func TestReadinessKeepsTheDatabaseErrorInTheLog(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := pgtest.StartProxy(t, dbURL)
+	proxy.Refuse()
+	pool := pgtest.PoolFor(t, proxy.URL(t, dbURL))
+	var log testutil.SyncBuffer
+	m := metrics.New(pool, &metrics.Config{
+		QueryTimeout: 10 * time.Second,
+		Logger:       slog.New(slog.NewJSONHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	srv := metrics.NewServer(m.Handler(), &metrics.ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(context.Background())
+	readyz := "http://" + srv.Addr() + "/readyz"
+
+	pu, err := url.Parse(proxy.URL(t, dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, database := u.User.Username(), strings.TrimPrefix(u.Path, "/")
+	secrets := []string{user, database, u.Hostname(), u.Port(), pu.Hostname(), pu.Port()}
+	down := func(when string) {
+		t.Helper()
+		code, body := get(t, readyz)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "database: unreachable") {
+			t.Errorf("/readyz %s: %d %q, want 503 and \"database: unreachable\"", when, code, body)
+		}
+		for _, s := range secrets {
+			if s != "" && strings.Contains(body, s) {
+				t.Errorf("/readyz %s shows %q: %q", when, s, body)
+			}
+		}
+		for _, e := range loggedErrors(t, &log) {
+			if strings.Contains(body, e) {
+				t.Errorf("/readyz %s shows the error %q", when, e)
+			}
+		}
+	}
+
+	down("with the database refusing")
+	down("with the database still refusing")
+	errs := loggedErrors(t, &log)
+	if len(errs) != 1 {
+		t.Fatalf("log after two probes of an unreachable database: %d errors, want 1:\n%s", len(errs), log.String())
+	}
+	for _, s := range []string{user, database, pu.Port()} {
+		if !strings.Contains(errs[0], s) {
+			t.Errorf("the logged error %q does not say %q", errs[0], s)
+		}
+	}
+
+	proxy.Restore()
+	if _, body := get(t, readyz); strings.Contains(body, "database") {
+		t.Errorf("/readyz with the database back: %q", body)
+	}
+	if !strings.Contains(log.String(), "the database answers again") {
+		t.Errorf("no line in the log when the database answered again:\n%s", log.String())
+	}
+	proxy.Refuse()
+	proxy.Drop()
+	down("with the database gone again")
+	down("with the database still gone")
+	if n := len(loggedErrors(t, &log)); n != 2 {
+		t.Errorf("log after the database went away twice: %d errors, want 2:\n%s", n, log.String())
+	}
+}
+
+// loggedErrors returns the "error" attribute of each logged line that has
+// one.
+func loggedErrors(t *testing.T, b *testutil.SyncBuffer) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec struct {
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Error != "" {
+			out = append(out, rec.Error)
+		}
+	}
+	return out
 }
 
 // closedPool is a pool on a port nobody listens on.

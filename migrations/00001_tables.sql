@@ -46,14 +46,18 @@ CREATE TABLE files.files (
     finished_at       timestamptz,
     result            jsonb,
     last_error        text,
+    claim_token       text,
+    claim_token_hash  bytea,
     CONSTRAINT files_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
     CONSTRAINT files_source_not_empty CHECK (source <> ''),
     CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
+    CONSTRAINT files_payload_at_most_1mib CHECK (octet_length(payload::text) <= 1048576),
     CONSTRAINT files_state_valid CHECK (state IN ('pending', 'running', 'done', 'failed', 'cancelled')),
     CONSTRAINT files_worker_iff_running CHECK ((state = 'running') = (worker_id IS NOT NULL)),
     CONSTRAINT files_lease_iff_running CHECK ((state = 'running') = (lease_expires_at IS NOT NULL)),
     CONSTRAINT files_attempt_valid CHECK (attempt >= 0),
-    CONSTRAINT files_max_attempts_positive CHECK (max_attempts >= 1)
+    CONSTRAINT files_max_attempts_positive CHECK (max_attempts >= 1),
+    CONSTRAINT files_claim_token_never_stored CHECK (claim_token IS NULL)
 );
 COMMENT ON TABLE files.files IS
     'The work: one row per input object. Workers take rows with files.claim and finish them with '
@@ -62,7 +66,8 @@ COMMENT ON COLUMN files.files.id IS 'Row identity; FIFO order within a priority.
 COMMENT ON COLUMN files.files.queue IS 'Queue the row belongs to; workers choose the queues they serve.';
 COMMENT ON COLUMN files.files.priority IS 'Larger runs first; rows of equal priority run in id order.';
 COMMENT ON COLUMN files.files.source IS 'Input object: a key in the worker''s input store, or a full s3:// or file:// URI.';
-COMMENT ON COLUMN files.files.payload IS 'Free-form JSON object handed to the backend (PGWORKER_PAYLOAD).';
+COMMENT ON COLUMN files.files.payload IS
+    'Free-form JSON object handed to the backend (PGWORKER_PAYLOAD); at most 1 MiB as text.';
 COMMENT ON COLUMN files.files.state IS 'pending (waiting or scheduled for retry), running, done, failed or cancelled.';
 COMMENT ON COLUMN files.files.worker_id IS 'The slot holding the row while it is running; NULL otherwise.';
 COMMENT ON COLUMN files.files.attempt IS
@@ -74,8 +79,14 @@ COMMENT ON COLUMN files.files.lease_expires_at IS
 COMMENT ON COLUMN files.files.created_at IS 'When the row was enqueued.';
 COMMENT ON COLUMN files.files.claimed_at IS 'When the current or last attempt started.';
 COMMENT ON COLUMN files.files.finished_at IS 'When the row reached done, failed or cancelled.';
-COMMENT ON COLUMN files.files.result IS 'Result of the completing attempt (for pgworker run: the output manifest).';
+COMMENT ON COLUMN files.files.result IS
+    'Result of the completing attempt (for pgworker run: the output manifest). Stored here only, not in files.attempts.';
 COMMENT ON COLUMN files.files.last_error IS 'Error of the last failed or lost attempt.';
+COMMENT ON COLUMN files.files.claim_token IS
+    'Always NULL in the table. In the rows files.claim (and claim_batch, get_unprocessed_entry_by_priority) returns: '
+    'the secret of that claim, which files.complete, files.fail and files.release require.';
+COMMENT ON COLUMN files.files.claim_token_hash IS
+    'SHA-256 of the running attempt''s claim token (of its UTF-8 text).';
 
 -- The claim index: only claimable rows, in claim order. It stays as small as the
 -- backlog however many finished rows the table keeps.
@@ -97,9 +108,11 @@ CREATE TABLE files.workers (
     version            text,
     lease_timeout      interval    NOT NULL DEFAULT '15 seconds',
     stopped_at         timestamptz,
+    key_hash           bytea,
     CONSTRAINT workers_worker_id_valid CHECK (worker_id <> '' AND length(worker_id) <= 200),
     CONSTRAINT workers_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
-    CONSTRAINT workers_lease_timeout_positive CHECK (lease_timeout > '0')
+    CONSTRAINT workers_lease_timeout_positive CHECK (lease_timeout > '0'),
+    CONSTRAINT workers_lease_timeout_at_most_a_day CHECK (lease_timeout <= '24 hours')
 );
 COMMENT ON TABLE files.workers IS
     'One row per worker slot. Registered by files.register_worker or by its first claim; kept alive by files.heartbeat.';
@@ -115,6 +128,9 @@ COMMENT ON COLUMN files.workers.state IS
 COMMENT ON COLUMN files.workers.version IS 'Worker software version.';
 COMMENT ON COLUMN files.workers.lease_timeout IS 'How long the slot may stay silent before files.reap declares it dead.';
 COMMENT ON COLUMN files.workers.stopped_at IS 'When the slot was deregistered or declared dead.';
+COMMENT ON COLUMN files.workers.key_hash IS
+    'SHA-256 of the slot''s key: calls naming the slot must present the key. NULL for a slot registered by a claim '
+    'without a key (it can claim, and nobody can heartbeat, drain or deregister it).';
 
 CREATE INDEX workers_live_idx ON files.workers (last_heartbeat_at) WHERE state IN ('active', 'draining');
 COMMENT ON INDEX files.workers_live_idx IS 'Live slots by last heartbeat, for files.reap.';
@@ -152,7 +168,8 @@ COMMENT ON COLUMN files.attempts.outcome IS
 COMMENT ON COLUMN files.attempts.error IS 'Error message of a failed, lost or released attempt.';
 COMMENT ON COLUMN files.attempts.exit_code IS 'Exit code of the backend, as reported by the worker.';
 COMMENT ON COLUMN files.attempts.duration IS 'Processing time reported by the worker, else finished_at - started_at.';
-COMMENT ON COLUMN files.attempts.output IS 'What the attempt produced (pgworker run: the manifest of uploaded objects).';
+COMMENT ON COLUMN files.attempts.output IS
+    'What a failed attempt reported producing. The completing attempt''s output is its row''s files.files.result.';
 COMMENT ON COLUMN files.attempts.stderr_tail IS 'The last part of the backend''s standard error.';
 
 -- Attempts are written at their outcome, so the primary key follows

@@ -7,6 +7,27 @@
 -- claimed_at); the functions that end it (complete, fail, release, reap,
 -- cancel) write its files.attempts row.
 --
+-- Every role that can connect reads worker ids and attempts
+-- (files.active_workers), so they cannot be what proves a caller's right to a
+-- row or a slot:
+--
+-- * A claim hands its caller a secret per row (files.files.claim_token, set
+--   only in the rows files.claim, files.claim_batch and
+--   files.get_unprocessed_entry_by_priority return; the table keeps its
+--   SHA-256). complete, fail and release are fenced by worker id, attempt
+--   and that token; a wrong token is refused with an error.
+-- * A slot has a key, given by its caller to files.register_worker (or
+--   generated and returned by it) or to its first claim; the table keeps its
+--   SHA-256. Every call naming a slot that has a key must present it: claim,
+--   claim_batch, heartbeat, drain_worker, deregister_worker, register_worker.
+--   A slot registered by a claim without a key can claim, but nobody can
+--   heartbeat, drain or deregister it.
+-- * A lease is at most 24 hours, a claim at most 10,000 rows, a payload at
+--   most 1 MiB (of its text form), and an empty queue name is an error.
+-- * The output manifest of the completing attempt is stored once, in
+--   files.files.result; files.attempts.output keeps what failed attempts
+--   reported.
+--
 -- files.claim and files.complete, which pgworker calls when a wake-up has one
 -- idle slot or a batch one outcome, use generic plans, made once per
 -- connection: these statements have one good plan, an index range scan of
@@ -22,7 +43,24 @@
 -- Claiming work.
 
 -- +goose StatementBegin
-CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1)
+CREATE FUNCTION files.check_queues(fn text, queues text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF array_position(queues, NULL) IS NOT NULL OR '' = ANY (queues) THEN
+        RAISE EXCEPTION '%: queue names must not be NULL or empty (pass NULL instead of the array for all queues)', fn
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.check_queues(text, text[]) IS
+    'Raises an error naming fn when a queue list holds a NULL or empty name.';
+
+-- +goose StatementBegin
+CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1, key text DEFAULT NULL)
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -37,24 +75,40 @@ AS $$
 DECLARE
     v_state  text;
     v_lease  interval;
+    v_hash   bytea;
+    v_key    bytea := sha256(convert_to(claim.key, 'UTF8'));
     v_queues text[];
+    v_salt   text := gen_random_uuid()::text;
+    r        files.files;
 BEGIN
     IF claim.worker_id IS NULL OR claim.worker_id = '' THEN
         RAISE EXCEPTION 'files.claim: worker_id must not be NULL or empty'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF claim.max IS NULL OR claim.max < 1 THEN
-        RAISE EXCEPTION 'files.claim: max must be at least 1 (got %)', coalesce(claim.max::text, 'NULL')
+    IF claim.max IS NULL OR claim.max < 1 OR claim.max > 10000 THEN
+        RAISE EXCEPTION 'files.claim: max must be between 1 and 10000 (got %)', coalesce(claim.max::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM files.check_queues('files.claim', claim.queues);
 
-    SELECT w.state, w.lease_timeout INTO v_state, v_lease
+    SELECT w.state, w.lease_timeout, w.key_hash INTO v_state, v_lease, v_hash
     FROM files.workers w WHERE w.worker_id = claim.worker_id;
-    IF v_state IS NULL OR v_state IN ('stopped', 'dead') THEN
-        -- First claim of an unknown slot registers it; a claim proves a stopped or dead slot alive.
-        INSERT INTO files.workers AS w (worker_id, queues) VALUES (claim.worker_id, claim.queues)
+    IF v_hash IS DISTINCT FROM v_key AND v_hash IS NOT NULL THEN
+        RAISE EXCEPTION 'files.claim: slot % has a key and this is not it', claim.worker_id
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Pass the key given to files.register_worker or to the slot''s first claim.';
+    END IF;
+    IF v_state IS NULL OR v_state IN ('stopped', 'dead') OR (v_hash IS NULL AND v_key IS NOT NULL) THEN
+        IF claim.key IS NOT NULL AND length(claim.key) < 16 THEN
+            RAISE EXCEPTION 'files.claim: key must be at least 16 characters (for example gen_random_uuid()::text)'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- First claim of an unknown slot registers it (with the key, if one is
+        -- given); a claim proves a stopped or dead slot alive.
+        INSERT INTO files.workers AS w (worker_id, queues, key_hash) VALUES (claim.worker_id, claim.queues, v_key)
         ON CONFLICT (worker_id) DO UPDATE
-            SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL
+            SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL,
+                key_hash = coalesce(w.key_hash, EXCLUDED.key_hash)
         RETURNING w.state, w.lease_timeout INTO v_state, v_lease;
     ELSIF v_state = 'draining' THEN
         RETURN;
@@ -68,53 +122,62 @@ BEGIN
     END IF;
 
     -- The best rows of each queue (an index range scan of files_claim_idx
-    -- each), then the best of those.
-    RETURN QUERY
-    WITH picked AS (
-        SELECT p.id FROM unnest(v_queues) AS q(name)
-        CROSS JOIN LATERAL (
-            SELECT f.id, f.priority FROM files.files f
-            WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-            ORDER BY f.priority DESC, f.id
+    -- each), then the best of those. Each row's token is derived from a
+    -- random salt of this call: only its hash is written, and the token
+    -- itself goes into the returned row alone.
+    FOR r IN
+        WITH picked AS (
+            SELECT p.id FROM unnest(v_queues) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT f.id, f.priority FROM files.files f
+                WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                ORDER BY f.priority DESC, f.id
+                LIMIT claim.max
+                FOR UPDATE SKIP LOCKED
+            ) p
+            ORDER BY p.priority DESC, p.id
             LIMIT claim.max
-            FOR UPDATE SKIP LOCKED
-        ) p
-        ORDER BY p.priority DESC, p.id
-        LIMIT claim.max
-    ), claimed AS (
-        UPDATE files.files f
-        SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
-            claimed_at = now(), lease_expires_at = now() + v_lease
-        FROM picked WHERE f.id = picked.id
-        RETURNING f.*
-    )
-    SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id;
+        ), claimed AS (
+            UPDATE files.files f
+            SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
+                claimed_at = now(), lease_expires_at = now() + v_lease,
+                claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
+            FROM picked WHERE f.id = picked.id
+            RETURNING f.*
+        )
+        SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id
+    LOOP
+        r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
+        RETURN NEXT r;
+    END LOOP;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.claim(text, text[], integer) IS
-    'Claims up to max claimable rows (pending, run_after passed, queue not paused) for a worker slot: '
-    'larger priority first, then id; FOR UPDATE SKIP LOCKED. queues NULL = all queues. '
-    'An unknown worker_id is registered. Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
+COMMENT ON FUNCTION files.claim(text, text[], integer, text) IS
+    'Claims up to max (at most 10000) claimable rows (pending, run_after passed, queue not paused) for a worker slot: '
+    'larger priority first, then id; FOR UPDATE SKIP LOCKED. queues NULL = all queues. An unknown worker_id is '
+    'registered, with key if given; a slot that has a key requires it. Each returned row carries its claim_token, '
+    'which files.complete, fail and release require. Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.get_unprocessed_entry_by_priority(worker_id text)
+CREATE FUNCTION files.get_unprocessed_entry_by_priority(worker_id text, key text DEFAULT NULL)
 RETURNS SETOF files.files
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT * FROM files.claim(worker_id, NULL, 1);
+    SELECT * FROM files.claim(worker_id, NULL, 1, key);
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.get_unprocessed_entry_by_priority(text) IS
-    'Claims zero or one row of any queue for worker_id: files.claim(worker_id, NULL, 1), for scripts and psql.';
+COMMENT ON FUNCTION files.get_unprocessed_entry_by_priority(text, text) IS
+    'Claims zero or one row of any queue for worker_id: files.claim(worker_id, NULL, 1, key), for scripts and psql. '
+    'Keep the row''s claim_token for files.complete or files.fail.';
 
 -- The batched forms, for a process that runs many slots: one statement claims
 -- a row for each idle slot, one records the outcomes of many rows. Each row
 -- stays fenced exactly as with the single-row functions.
 
 -- +goose StatementBegin
-CREATE FUNCTION files.claim_batch(worker_ids text[], queues text[] DEFAULT NULL)
+CREATE FUNCTION files.claim_batch(worker_ids text[], queues text[] DEFAULT NULL, key text DEFAULT NULL)
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -126,34 +189,56 @@ DECLARE
     v_leases interval[];
     v_rows   bigint[];
     v_revive boolean;
+    v_bad    text;
+    v_key    bytea := sha256(convert_to(claim_batch.key, 'UTF8'));
+    v_salt   text := gen_random_uuid()::text;
+    r        files.files;
 BEGIN
     IF claim_batch.worker_ids IS NULL OR cardinality(claim_batch.worker_ids) = 0
        OR array_position(claim_batch.worker_ids, NULL) IS NOT NULL OR '' = ANY (claim_batch.worker_ids) THEN
         RAISE EXCEPTION 'files.claim_batch: worker_ids must be a non-empty array of non-empty ids'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF cardinality(claim_batch.worker_ids) > 10000 THEN
+        RAISE EXCEPTION 'files.claim_batch: at most 10000 worker_ids (got %)', cardinality(claim_batch.worker_ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM files.check_queues('files.claim_batch', claim_batch.queues);
 
     -- The active slots, each once, in the order given; draining ones take
-    -- nothing. An unknown slot is registered, and a claim proves a stopped or
-    -- dead slot alive: both cost a second look, the usual claim one join.
-    SELECT array_agg(s.id ORDER BY s.ord), array_agg(w.lease_timeout ORDER BY s.ord),
-           bool_or(w.state IS DISTINCT FROM 'active')
-    INTO v_ids, v_leases, v_revive
+    -- nothing. An unknown slot is registered, a claim proves a stopped or
+    -- dead slot alive, and a slot without a key takes the one given: these
+    -- cost a second look, the usual claim one join.
+    SELECT array_agg(s.id ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining'),
+           array_agg(w.lease_timeout ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining'),
+           bool_or(w.state IS DISTINCT FROM 'active' OR (w.key_hash IS NULL AND v_key IS NOT NULL))
+               FILTER (WHERE w.state IS DISTINCT FROM 'draining'),
+           min(s.id) FILTER (WHERE w.key_hash IS NOT NULL AND w.key_hash IS DISTINCT FROM v_key)
+    INTO v_ids, v_leases, v_revive, v_bad
     FROM (SELECT u.id, min(u.ord) AS ord
           FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
           GROUP BY u.id) s
-    LEFT JOIN files.workers w ON w.worker_id = s.id
-    WHERE w.state IS DISTINCT FROM 'draining';
+    LEFT JOIN files.workers w ON w.worker_id = s.id;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'files.claim_batch: slot % has a key and this is not it', v_bad
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Pass the key given to files.register_worker or to the slot''s first claim.';
+    END IF;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
     IF v_revive THEN
-        INSERT INTO files.workers AS w (worker_id, queues)
-        SELECT u.id, claim_batch.queues FROM unnest(v_ids) AS u(id)
+        IF claim_batch.key IS NOT NULL AND length(claim_batch.key) < 16 THEN
+            RAISE EXCEPTION 'files.claim_batch: key must be at least 16 characters (for example gen_random_uuid()::text)'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        INSERT INTO files.workers AS w (worker_id, queues, key_hash)
+        SELECT u.id, claim_batch.queues, v_key FROM unnest(v_ids) AS u(id)
         ORDER BY u.id
         ON CONFLICT (worker_id) DO UPDATE
-            SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL
-            WHERE w.state IN ('stopped', 'dead');
+            SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL,
+                key_hash = coalesce(w.key_hash, EXCLUDED.key_hash)
+            WHERE w.state IN ('stopped', 'dead') OR w.key_hash IS NULL;
         SELECT array_agg(u.id ORDER BY u.ord), array_agg(w.lease_timeout ORDER BY u.ord) INTO v_ids, v_leases
         FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
         JOIN files.workers w ON w.worker_id = u.id
@@ -192,32 +277,64 @@ BEGIN
     -- The i-th best row goes to the i-th slot: one unnest zips the arrays and
     -- drives one primary-key lookup per row, the only plan that fits (a
     -- condition "id = ANY (v_rows)" beside the join would let a generic plan
-    -- rescan the arrays for each row: quadratic).
-    RETURN QUERY
-    WITH claimed AS (
-        UPDATE files.files f
-        SET state = 'running', worker_id = p.worker_id, attempt = f.attempt + 1,
-            claimed_at = now(), lease_expires_at = now() + p.lease_timeout
-        FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
-             AS p(id, worker_id, lease_timeout)
-        WHERE f.id = p.id
-        RETURNING f.*
-    )
-    SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id;
+    -- rescan the arrays for each row: quadratic). Tokens as in files.claim.
+    FOR r IN
+        WITH claimed AS (
+            UPDATE files.files f
+            SET state = 'running', worker_id = p.worker_id, attempt = f.attempt + 1,
+                claimed_at = now(), lease_expires_at = now() + p.lease_timeout,
+                claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
+            FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
+                 AS p(id, worker_id, lease_timeout)
+            WHERE f.id = p.id
+            RETURNING f.*
+        )
+        SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id
+    LOOP
+        r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
+        RETURN NEXT r;
+    END LOOP;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.claim_batch(text[], text[]) IS
-    'Claims at most one claimable row for each active slot of worker_ids, in one statement (files.claim''s order, '
-    'paused queues and run_after apply; queues NULL = all). Unknown slots are registered, draining ones take nothing. '
+COMMENT ON FUNCTION files.claim_batch(text[], text[], text) IS
+    'Claims at most one claimable row for each active slot of worker_ids (at most 10000), in one statement (files.claim''s '
+    'order, paused queues and run_after apply; queues NULL = all). The slots share key: unknown slots are registered with '
+    'it, a slot that has another key is refused, draining ones take nothing. Each row carries its claim_token. '
     'Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
 -- Recording outcomes. Each is fenced: it does nothing, and returns false or
 -- leaves the row out of its answer, unless the row is still held by that
--- worker_id in that attempt.
+-- worker_id in that attempt; and a row that is so held but named with another
+-- claim token is refused with an error.
 
 -- +goose StatementBegin
-CREATE FUNCTION files.complete(id bigint, worker_id text, attempt integer, result jsonb DEFAULT NULL, report jsonb DEFAULT NULL)
+CREATE FUNCTION files.refuse_forged(fn text, ids bigint[], worker_ids text[], attempts integer[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    -- Called when a fenced call changed fewer rows than it named: a row still
+    -- held by the named worker and attempt was refused for its token.
+    SELECT f.id INTO v_id
+    FROM unnest(ids, worker_ids, attempts) AS u(id, worker_id, attempt)
+    JOIN files.files f ON f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
+    ORDER BY f.id LIMIT 1;
+    IF v_id IS NOT NULL THEN
+        RAISE EXCEPTION '%: wrong claim token for row % (only the claim that returned the row may record its outcome)', fn, v_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.refuse_forged(text, bigint[], text[], integer[]) IS
+    'Raises an error naming fn if one of the rows is held by the given worker and attempt (its token was wrong).';
+
+-- +goose StatementBegin
+CREATE FUNCTION files.complete(id bigint, worker_id text, attempt integer, token text, result jsonb DEFAULT NULL, report jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -232,83 +349,100 @@ AS $$
 DECLARE
     n integer;
 BEGIN
-    -- As files.complete_many does for each of its rows.
+    -- As files.complete_many does for each of its rows. The result is stored
+    -- once, on the row.
     WITH done AS (
         UPDATE files.files f
-        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = complete.result
+        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = complete.result,
+            claim_token_hash = NULL
         WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
+          AND f.claim_token_hash = sha256(convert_to(complete.token, 'UTF8'))
         RETURNING f.id, f.claimed_at
     ), logged AS (
         INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
-                                    exit_code, duration, output, stderr_tail)
+                                    exit_code, duration, stderr_tail)
         SELECT d.id, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
                (complete.report ->> 'exit_code')::integer,
                coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
-               complete.result, complete.report ->> 'stderr_tail'
+               complete.report ->> 'stderr_tail'
         FROM done d
     )
     SELECT count(*) INTO n FROM done;
+    IF n = 0 THEN
+        PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
+    END IF;
     RETURN n > 0;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.complete(bigint, text, integer, jsonb, jsonb) IS
-    'Fenced: marks the row done with result if worker_id still holds it in this attempt; otherwise returns false and changes nothing. '
-    'report may carry exit_code, duration_ms and stderr_tail for files.attempts.';
+COMMENT ON FUNCTION files.complete(bigint, text, integer, text, jsonb, jsonb) IS
+    'Fenced: marks the row done with result (stored on the row) and the worker''s report (exit_code, duration_ms, '
+    'stderr_tail) on its attempt. Returns false and changes nothing if the attempt no longer holds the row; raises an '
+    'error if it does and token is not its claim token.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.complete_many(
-    ids bigint[], worker_ids text[], attempts integer[], results jsonb[] DEFAULT NULL, reports jsonb[] DEFAULT NULL)
+    ids bigint[], worker_ids text[], attempts integer[], tokens text[], results jsonb[] DEFAULT NULL, reports jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_done bigint[];
 BEGIN
     IF cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.worker_ids)
        OR cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.attempts)
+       OR cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.tokens)
        OR (complete_many.results IS NOT NULL AND cardinality(complete_many.results) <> cardinality(complete_many.ids))
        OR (complete_many.reports IS NOT NULL AND cardinality(complete_many.reports) <> cardinality(complete_many.ids)) THEN
-        RAISE EXCEPTION 'files.complete_many: ids, worker_ids, attempts, results and reports must have the same length'
+        RAISE EXCEPTION 'files.complete_many: ids, worker_ids, attempts, tokens, results and reports must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- One statement for the batch, one primary-key lookup per element, in id
     -- order (as files.heartbeat locks, so that the two cannot deadlock). The
-    -- fence is worker_id and attempt: a row has a worker_id only while it runs
-    -- (files_worker_iff_running). Nothing here lets the planner prefer a scan
-    -- of the running rows or a join that rescans the arrays, with fresh
-    -- statistics or stale ones, in custom or generic plans. An id given twice
-    -- is recorded once.
-    RETURN QUERY
+    -- fence is worker_id, attempt and claim token: a row has a worker_id only
+    -- while it runs (files_worker_iff_running). Nothing here lets the planner
+    -- prefer a scan of the running rows or a join that rescans the arrays,
+    -- with fresh statistics or stale ones, in custom or generic plans. An id
+    -- given twice is recorded once.
     WITH done AS (
         UPDATE files.files f
-        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = u.result
+        SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = u.result,
+            claim_token_hash = NULL
         FROM (SELECT x.* FROM unnest(complete_many.ids, complete_many.worker_ids, complete_many.attempts,
-                                     complete_many.results, complete_many.reports)
-                              AS x(id, worker_id, attempt, result, report)
+                                     complete_many.tokens, complete_many.results, complete_many.reports)
+                              AS x(id, worker_id, attempt, token, result, report)
               ORDER BY x.id) u
         WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
-        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.result, u.report
+          AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report
     ), logged AS (
         INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
-                                    exit_code, duration, output, stderr_tail)
+                                    exit_code, duration, stderr_tail)
         SELECT d.id, d.attempt, d.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
                (d.report ->> 'exit_code')::integer,
                coalesce((d.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
-               d.result, d.report ->> 'stderr_tail'
+               d.report ->> 'stderr_tail'
         FROM done d
     )
-    SELECT d.id FROM done d;
+    SELECT array_agg(d.id) INTO v_done FROM done d;
+    IF coalesce(cardinality(v_done), 0) < cardinality(complete_many.ids) THEN
+        PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);
+    END IF;
+    RETURN QUERY SELECT u.id FROM unnest(v_done) AS u(id);
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]) IS
+COMMENT ON FUNCTION files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[]) IS
     'Fenced, batched files.complete: element i of each array describes one row. Marks done each row still held by its '
-    'worker_id in its attempt, in one statement, and returns the ids it marked; the others are left unchanged.';
+    'worker_id in its attempt, in one statement, and returns the ids it marked; the others are left unchanged. A row '
+    'held by its worker_id and attempt under another claim token raises an error (and records nothing).';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.fail(id bigint, worker_id text, attempt integer, error text, retryable boolean DEFAULT true, report jsonb DEFAULT NULL)
+CREATE FUNCTION files.fail(id bigint, worker_id text, attempt integer, token text, error text,
+                           retryable boolean DEFAULT true, report jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -328,10 +462,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    IF r.claim_token_hash IS DISTINCT FROM sha256(convert_to(fail.token, 'UTF8')) THEN
+        PERFORM files.refuse_forged('files.fail', ARRAY[fail.id], ARRAY[fail.worker_id], ARRAY[fail.attempt]);
+    END IF;
 
     IF NOT coalesce(fail.retryable, true) OR r.attempt >= r.max_attempts THEN
         UPDATE files.files f
-        SET state = 'failed', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), last_error = v_error
+        SET state = 'failed', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), last_error = v_error,
+            claim_token_hash = NULL
         WHERE f.id = r.id;
     ELSE
         SELECT q.backoff_base, q.backoff_max INTO v_base, v_max FROM files.queues q WHERE q.queue = r.queue;
@@ -341,7 +479,8 @@ BEGIN
         v_delay := least(v_max, v_base * power(2, least(r.attempt - 1, 30)));
         v_delay := v_delay * (0.5 + random() * 0.5);
         UPDATE files.files f
-        SET state = 'pending', worker_id = NULL, lease_expires_at = NULL, run_after = now() + v_delay, last_error = v_error
+        SET state = 'pending', worker_id = NULL, lease_expires_at = NULL, run_after = now() + v_delay, last_error = v_error,
+            claim_token_hash = NULL
         WHERE f.id = r.id;
     END IF;
 
@@ -355,13 +494,14 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.fail(bigint, text, integer, text, boolean, jsonb) IS
+COMMENT ON FUNCTION files.fail(bigint, text, integer, text, text, boolean, jsonb) IS
     'Fenced: records a failed attempt. The row is retried after an exponential backoff with jitter (files.queues.backoff_base, backoff_max) '
-    'until max_attempts, or at once ends failed when retryable is false. Returns false and changes nothing if the attempt no longer holds the row.';
+    'until max_attempts, or at once ends failed when retryable is false. Returns false and changes nothing if the attempt no longer holds the row; '
+    'raises an error if it does and token is not its claim token.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.fail_many(
-    ids bigint[], worker_ids text[], attempts integer[], errors text[],
+    ids bigint[], worker_ids text[], attempts integer[], tokens text[], errors text[],
     retryable boolean[] DEFAULT NULL, reports jsonb[] DEFAULT NULL)
 RETURNS TABLE (id bigint, state text, run_after timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -373,29 +513,30 @@ DECLARE
 BEGIN
     IF cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.worker_ids)
        OR cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.attempts)
+       OR cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.tokens)
        OR cardinality(fail_many.ids) IS DISTINCT FROM cardinality(fail_many.errors)
        OR (fail_many.retryable IS NOT NULL AND cardinality(fail_many.retryable) <> cardinality(fail_many.ids))
        OR (fail_many.reports IS NOT NULL AND cardinality(fail_many.reports) <> cardinality(fail_many.ids)) THEN
-        RAISE EXCEPTION 'files.fail_many: ids, worker_ids, attempts, errors, retryable and reports must have the same length'
+        RAISE EXCEPTION 'files.fail_many: ids, worker_ids, attempts, tokens, errors, retryable and reports must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- In id order, as files.heartbeat locks, so that the two cannot deadlock.
     FOR i IN SELECT u.n FROM unnest(fail_many.ids) WITH ORDINALITY AS u(id, n) ORDER BY u.id, u.n LOOP
-        IF files.fail(fail_many.ids[i], fail_many.worker_ids[i], fail_many.attempts[i], fail_many.errors[i],
-                      coalesce(fail_many.retryable[i], true), fail_many.reports[i]) THEN
+        IF files.fail(fail_many.ids[i], fail_many.worker_ids[i], fail_many.attempts[i], fail_many.tokens[i],
+                      fail_many.errors[i], coalesce(fail_many.retryable[i], true), fail_many.reports[i]) THEN
             RETURN QUERY SELECT f.id, f.state, f.run_after FROM files.files f WHERE f.id = fail_many.ids[i];
         END IF;
     END LOOP;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.fail_many(bigint[], text[], integer[], text[], boolean[], jsonb[]) IS
+COMMENT ON FUNCTION files.fail_many(bigint[], text[], integer[], text[], text[], boolean[], jsonb[]) IS
     'Fenced, batched files.fail: element i of each array describes one row (retryable defaults to true). Returns, for each '
     'row it recorded, its new state and run_after: pending rows are retried at run_after, so a worker knows when to look again.';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.release(id bigint, worker_id text, attempt integer, reason text DEFAULT NULL)
+CREATE FUNCTION files.release(id bigint, worker_id text, attempt integer, token text, reason text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -404,13 +545,20 @@ AS $$
 DECLARE
     v_queue   text;
     v_claimed timestamptz;
+    v_token   bytea := sha256(convert_to(release.token, 'UTF8'));
 BEGIN
+    -- The claim token, or the key of the slot that holds the row (a row whose
+    -- claim's answer never reached its worker).
     UPDATE files.files f
-    SET state = 'pending', worker_id = NULL, lease_expires_at = NULL, attempt = f.attempt - 1, run_after = now()
+    SET state = 'pending', worker_id = NULL, lease_expires_at = NULL, attempt = f.attempt - 1, run_after = now(),
+        claim_token_hash = NULL
     WHERE f.id = release.id AND f.state = 'running'
       AND f.worker_id = release.worker_id AND f.attempt = release.attempt
+      AND (f.claim_token_hash = v_token
+           OR EXISTS (SELECT 1 FROM files.workers w WHERE w.worker_id = release.worker_id AND w.key_hash = v_token))
     RETURNING f.queue, f.claimed_at INTO v_queue, v_claimed;
     IF NOT FOUND THEN
+        PERFORM files.refuse_forged('files.release', ARRAY[release.id], ARRAY[release.worker_id], ARRAY[release.attempt]);
         RETURN false;
     END IF;
 
@@ -422,57 +570,108 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.release(bigint, text, integer, text) IS
-    'Fenced: hands a running row back to the queue without spending an attempt (shutdown, drain). Returns false if the attempt no longer holds it.';
+COMMENT ON FUNCTION files.release(bigint, text, integer, text, text) IS
+    'Fenced: hands a running row back to the queue without spending an attempt (shutdown, drain). token is the row''s '
+    'claim token or the key of the slot holding it. Returns false if the attempt no longer holds the row; raises an error '
+    'if it does and token is neither.';
 
 -- Worker slots: registration, liveness, draining, and the reaping of silent ones.
 
 -- +goose StatementBegin
 CREATE FUNCTION files.register_worker(
     worker_id text, node text DEFAULT NULL, pid integer DEFAULT NULL, slot integer DEFAULT NULL,
-    version text DEFAULT NULL, queues text[] DEFAULT NULL, lease_timeout interval DEFAULT '15 seconds')
-RETURNS void
+    version text DEFAULT NULL, queues text[] DEFAULT NULL, lease_timeout interval DEFAULT '15 seconds',
+    key text DEFAULT NULL)
+RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_key   text := coalesce(register_worker.key, encode(sha256(convert_to(gen_random_uuid()::text, 'UTF8')), 'hex'));
+    v_lease interval := coalesce(register_worker.lease_timeout, interval '15 seconds');
+    v_hash  bytea;
 BEGIN
     IF register_worker.worker_id IS NULL OR register_worker.worker_id = '' THEN
         RAISE EXCEPTION 'files.register_worker: worker_id must not be NULL or empty'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF v_lease <= interval '0' OR v_lease > interval '24 hours' THEN
+        RAISE EXCEPTION 'files.register_worker: lease_timeout must be above 0 and at most 24 hours (got %)', v_lease
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Work that runs longer keeps its lease by heartbeating.';
+    END IF;
+    IF length(v_key) < 16 THEN
+        RAISE EXCEPTION 'files.register_worker: key must be at least 16 characters (for example gen_random_uuid()::text)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM files.check_queues('files.register_worker', register_worker.queues);
+    SELECT w.key_hash INTO v_hash FROM files.workers w WHERE w.worker_id = register_worker.worker_id FOR UPDATE;
+    IF v_hash IS DISTINCT FROM sha256(convert_to(v_key, 'UTF8')) AND v_hash IS NOT NULL THEN
+        RAISE EXCEPTION 'files.register_worker: slot % has a key and this is not it', register_worker.worker_id
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Choose a worker id of your own, or pass the key the slot was registered with.';
+    END IF;
     PERFORM files.fleet_heard();
-    INSERT INTO files.workers AS w (worker_id, node, pid, slot, version, queues, lease_timeout)
+    INSERT INTO files.workers AS w (worker_id, node, pid, slot, version, queues, lease_timeout, key_hash)
     VALUES (register_worker.worker_id, register_worker.node, register_worker.pid, register_worker.slot,
-            register_worker.version, register_worker.queues, coalesce(register_worker.lease_timeout, interval '15 seconds'))
+            register_worker.version, register_worker.queues, v_lease, sha256(convert_to(v_key, 'UTF8')))
     ON CONFLICT (worker_id) DO UPDATE
     SET node = EXCLUDED.node, pid = EXCLUDED.pid, slot = EXCLUDED.slot, version = EXCLUDED.version,
-        queues = EXCLUDED.queues, lease_timeout = EXCLUDED.lease_timeout,
+        queues = EXCLUDED.queues, lease_timeout = EXCLUDED.lease_timeout, key_hash = EXCLUDED.key_hash,
         state = 'active', started_at = now(), last_heartbeat_at = now(), stopped_at = NULL;
+    RETURN v_key;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.register_worker(text, text, integer, integer, text, text[], interval) IS
-    'Registers (or re-registers) a worker slot as active, with its node, pid, slot number, version, queues and lease timeout.';
+COMMENT ON FUNCTION files.register_worker(text, text, integer, integer, text, text[], interval, text) IS
+    'Registers (or re-registers) a worker slot as active, with its node, pid, slot number, version, queues and lease timeout '
+    '(above 0, at most 24 hours). Returns the slot''s key: key if given (at least 16 characters), else a new random one. '
+    'A slot that already has a key is re-registered only with it.';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.heartbeat(VARIADIC worker_ids text[])
+CREATE FUNCTION files.own_slots(fn text, key text, worker_ids text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    -- Lock the slots in a fixed order, as files.reap does, so that the two
+    -- cannot deadlock, and refuse the call if one of them is not the caller's.
+    SELECT min(l.worker_id) FILTER (WHERE l.key_hash IS DISTINCT FROM sha256(convert_to(own_slots.key, 'UTF8')))
+    INTO v_bad
+    FROM (SELECT x.worker_id, x.key_hash FROM files.workers x
+          WHERE x.worker_id = ANY (own_slots.worker_ids)
+          ORDER BY x.worker_id FOR UPDATE) l;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION '%: slot % is not the caller''s (key missing or wrong)', fn, v_bad
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Pass the key given to files.register_worker or to the slot''s first claim; a slot registered '
+                         'by a claim without a key cannot be heartbeated, drained or deregistered.';
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.own_slots(text, text, text[]) IS
+    'Locks the named slots and raises an error naming fn unless each has the given key.';
+
+-- +goose StatementBegin
+CREATE FUNCTION files.heartbeat(key text, VARIADIC worker_ids text[])
 RETURNS TABLE (worker_id text, file_id bigint, attempt integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM files.own_slots('files.heartbeat', heartbeat.key, heartbeat.worker_ids);
     PERFORM files.fleet_heard();
-    -- Lock in a fixed order, as files.reap does, so that the two cannot deadlock.
     UPDATE files.workers w
     SET last_heartbeat_at = now(),
         state = CASE WHEN w.state = 'dead' THEN 'active' ELSE w.state END,
         stopped_at = CASE WHEN w.state = 'dead' THEN NULL ELSE w.stopped_at END
-    FROM (SELECT x.worker_id FROM files.workers x
-          WHERE x.worker_id = ANY (heartbeat.worker_ids)
-          ORDER BY x.worker_id FOR UPDATE) l
-    WHERE w.worker_id = l.worker_id;
+    WHERE w.worker_id = ANY (heartbeat.worker_ids);
 
     RETURN QUERY
     UPDATE files.files f
@@ -486,12 +685,13 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.heartbeat(text[]) IS
-    'One call per process and interval: marks the slots alive, extends the leases of their running rows, and returns '
-    'the rows (worker_id, file_id, attempt) they still hold. A row missing from the answer was lost: stop working on it.';
+COMMENT ON FUNCTION files.heartbeat(text, text[]) IS
+    'One call per process and interval, with the slots'' key: marks the slots alive, extends the leases of their running rows, '
+    'and returns the rows (worker_id, file_id, attempt) they still hold. A row missing from the answer was lost (or '
+    'cancelled): stop working on it. A slot without that key is refused with an error.';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.drain_worker(VARIADIC worker_ids text[])
+CREATE FUNCTION files.drain_worker(key text, VARIADIC worker_ids text[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -499,21 +699,20 @@ AS $$
 DECLARE
     n integer;
 BEGIN
+    PERFORM files.own_slots('files.drain_worker', drain_worker.key, drain_worker.worker_ids);
     UPDATE files.workers w SET state = 'draining'
-    FROM (SELECT x.worker_id FROM files.workers x
-          WHERE x.worker_id = ANY (drain_worker.worker_ids) AND x.state = 'active'
-          ORDER BY x.worker_id FOR UPDATE) l
-    WHERE w.worker_id = l.worker_id;
+    WHERE w.worker_id = ANY (drain_worker.worker_ids) AND w.state = 'active';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.drain_worker(text[]) IS
-    'Marks active slots draining: they finish the rows they hold and claim no more. Returns the number of slots marked.';
+COMMENT ON FUNCTION files.drain_worker(text, text[]) IS
+    'Marks active slots draining: they finish the rows they hold and claim no more. Requires the slots'' key. '
+    'Returns the number of slots marked.';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.deregister_worker(worker_id text)
+CREATE FUNCTION files.deregister_worker(worker_id text, key text)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -523,10 +722,11 @@ DECLARE
     n integer := 0;
     r record;
 BEGIN
+    PERFORM files.own_slots('files.deregister_worker', deregister_worker.key, ARRAY[deregister_worker.worker_id]);
     FOR r IN SELECT f.id, f.attempt FROM files.files f
              WHERE f.state = 'running' AND f.worker_id = deregister_worker.worker_id ORDER BY f.id
     LOOP
-        IF files.release(r.id, deregister_worker.worker_id, r.attempt, 'worker deregistered') THEN
+        IF files.release(r.id, deregister_worker.worker_id, r.attempt, deregister_worker.key, 'worker deregistered') THEN
             n := n + 1;
         END IF;
     END LOOP;
@@ -536,8 +736,9 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.deregister_worker(text) IS
-    'Marks a slot stopped and releases the rows it still holds (without spending attempts). Returns how many rows were released.';
+COMMENT ON FUNCTION files.deregister_worker(text, text) IS
+    'Marks a slot stopped and releases the rows it still holds (without spending attempts). Requires the slot''s key. '
+    'Returns how many rows were released.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.backlog(queues text[] DEFAULT NULL, cap integer DEFAULT 10000)
@@ -711,6 +912,10 @@ DECLARE
     n        integer;
     v_queues text[];
 BEGIN
+    IF retry.queue = '' THEN
+        RAISE EXCEPTION 'files.retry: queue must not be empty (pass NULL for every queue)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     WITH target AS (
         SELECT x.id FROM files.files x
         WHERE (retry.queue IS NULL OR x.queue = retry.queue)
@@ -742,6 +947,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF pause_queue.queue IS NULL OR pause_queue.queue = '' THEN
+        RAISE EXCEPTION 'files.pause_queue: queue must not be NULL or empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     INSERT INTO files.queues AS q (queue, paused, paused_at) VALUES (pause_queue.queue, true, now())
     ON CONFLICT (queue) DO UPDATE SET paused = true, paused_at = coalesce(q.paused_at, now());
 END
@@ -758,6 +967,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF resume_queue.queue IS NULL OR resume_queue.queue = '' THEN
+        RAISE EXCEPTION 'files.resume_queue: queue must not be NULL or empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     UPDATE files.queues q SET paused = false, paused_at = NULL WHERE q.queue = resume_queue.queue;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'files.resume_queue: no queue named %', resume_queue.queue
@@ -777,15 +990,18 @@ DROP FUNCTION files.cancel(bigint[]);
 DROP FUNCTION files.reap();
 DROP FUNCTION files.fleet_heard();
 DROP FUNCTION files.backlog(text[], integer);
-DROP FUNCTION files.deregister_worker(text);
-DROP FUNCTION files.drain_worker(text[]);
-DROP FUNCTION files.heartbeat(text[]);
-DROP FUNCTION files.register_worker(text, text, integer, integer, text, text[], interval);
-DROP FUNCTION files.release(bigint, text, integer, text);
-DROP FUNCTION files.fail_many(bigint[], text[], integer[], text[], boolean[], jsonb[]);
-DROP FUNCTION files.fail(bigint, text, integer, text, boolean, jsonb);
-DROP FUNCTION files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]);
-DROP FUNCTION files.complete(bigint, text, integer, jsonb, jsonb);
-DROP FUNCTION files.claim_batch(text[], text[]);
-DROP FUNCTION files.get_unprocessed_entry_by_priority(text);
-DROP FUNCTION files.claim(text, text[], integer);
+DROP FUNCTION files.deregister_worker(text, text);
+DROP FUNCTION files.drain_worker(text, text[]);
+DROP FUNCTION files.heartbeat(text, text[]);
+DROP FUNCTION files.own_slots(text, text, text[]);
+DROP FUNCTION files.register_worker(text, text, integer, integer, text, text[], interval, text);
+DROP FUNCTION files.release(bigint, text, integer, text, text);
+DROP FUNCTION files.fail_many(bigint[], text[], integer[], text[], text[], boolean[], jsonb[]);
+DROP FUNCTION files.fail(bigint, text, integer, text, text, boolean, jsonb);
+DROP FUNCTION files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[]);
+DROP FUNCTION files.complete(bigint, text, integer, text, jsonb, jsonb);
+DROP FUNCTION files.refuse_forged(text, bigint[], text[], integer[]);
+DROP FUNCTION files.claim_batch(text[], text[], text);
+DROP FUNCTION files.get_unprocessed_entry_by_priority(text, text);
+DROP FUNCTION files.claim(text, text[], integer, text);
+DROP FUNCTION files.check_queues(text, text[]);

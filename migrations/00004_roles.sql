@@ -32,18 +32,18 @@ GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
 GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.reap_state TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
-    files.claim(text, text[], integer),
-    files.get_unprocessed_entry_by_priority(text),
-    files.claim_batch(text[], text[]),
-    files.complete(bigint, text, integer, jsonb, jsonb),
-    files.complete_many(bigint[], text[], integer[], jsonb[], jsonb[]),
-    files.fail(bigint, text, integer, text, boolean, jsonb),
-    files.fail_many(bigint[], text[], integer[], text[], boolean[], jsonb[]),
-    files.release(bigint, text, integer, text),
-    files.register_worker(text, text, integer, integer, text, text[], interval),
-    files.heartbeat(text[]),
-    files.drain_worker(text[]),
-    files.deregister_worker(text),
+    files.claim(text, text[], integer, text),
+    files.get_unprocessed_entry_by_priority(text, text),
+    files.claim_batch(text[], text[], text),
+    files.complete(bigint, text, integer, text, jsonb, jsonb),
+    files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[]),
+    files.fail(bigint, text, integer, text, text, boolean, jsonb),
+    files.fail_many(bigint[], text[], integer[], text[], text[], boolean[], jsonb[]),
+    files.release(bigint, text, integer, text, text),
+    files.register_worker(text, text, integer, integer, text, text[], interval, text),
+    files.heartbeat(text, text[]),
+    files.drain_worker(text, text[]),
+    files.deregister_worker(text, text),
     files.backlog(text[], integer),
     files.reap()
 TO pgworker_worker;

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgworker/pgworker/backend"
 	"github.com/pgworker/pgworker/blob"
+	"github.com/pgworker/pgworker/internal/testutil"
 	"github.com/pgworker/pgworker/pipeline"
 	"github.com/pgworker/pgworker/worker"
 )
@@ -108,14 +109,25 @@ func TestHandleWaitsForWorkDir(t *testing.T) {
 		_, err := f.handler.Handle(context.Background(), job())
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		t.Fatalf("Handle returned %v while the work directory was unusable", err)
-	case <-time.After(300 * time.Millisecond): // the outage's length
+	// The gate closes when the attempt meets the broken directory; the
+	// attempt then waits for it.
+	testutil.WaitFor(t, time.Minute, "the attempt to meet the broken work directory", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Handle returned %v while the work directory was unusable", err)
+		default:
+		}
+		return !f.handler.Gate().Open()
+	})
+	if err := f.handler.Ready(context.Background()); err == nil {
+		t.Error("Ready: nil while the work directory is unusable")
 	}
 	repair()
 	if err := <-done; err != nil {
 		t.Fatalf("Handle after the repair: %v", err)
+	}
+	if !f.handler.Gate().Open() {
+		t.Error("the gate is still closed after the attempt used the repaired work directory")
 	}
 }
 

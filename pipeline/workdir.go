@@ -74,6 +74,21 @@ func MakeWorkDir(dir string) (string, error) {
 	}
 }
 
+// LetOthersSearch adds search permission for other users to dir, a work
+// directory returned by MakeWorkDir, so that a program run as another user
+// can reach its own job's directory inside. Others still cannot list dir,
+// and each job's directory stays private to its user.
+func LetOthersSearch(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o001 != 0 {
+		return nil
+	}
+	return os.Chmod(dir, fi.Mode().Perm()|0o001)
+}
+
 // createPrivate creates dir, and the directories missing above it, with
 // mode 0700 whatever the umask. An existing dir is left as it is.
 func createPrivate(dir string) error {

@@ -32,6 +32,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgworker/pgworker/migrations"
 )
 
 // DB is what a Client runs its statements on: a *pgxpool.Pool or a
@@ -78,8 +80,8 @@ func New(db DB, cfg *Config) *Client {
 // Errors that callers branch on.
 var (
 	// ErrInvalidQueue is a queue name that is empty or longer than
-	// MaxQueueBytes.
-	ErrInvalidQueue = errors.New("a queue name has 1 to 128 bytes")
+	// migrations.MaxQueueNameLength characters.
+	ErrInvalidQueue = fmt.Errorf("a queue name has 1 to %d characters", migrations.MaxQueueNameLength)
 	// ErrInvalidSource is a source that files.files cannot hold: empty,
 	// longer than MaxSourceBytes, or not UTF-8 text without NUL bytes.
 	ErrInvalidSource = errors.New("invalid source")
@@ -92,13 +94,10 @@ var (
 	ErrNoQueue = errors.New("no such queue")
 )
 
-// MaxQueueBytes bounds the length of a queue name, as the schema does.
-const MaxQueueBytes = 128
-
 // CheckQueue returns ErrInvalidQueue (wrapped, with the name) unless q is a
-// valid queue name.
+// valid queue name (migrations.ValidQueueName).
 func CheckQueue(q string) error {
-	if q == "" || len(q) > MaxQueueBytes {
+	if !migrations.ValidQueueName(q) {
 		return fmt.Errorf("queue %q: %w", q, ErrInvalidQueue)
 	}
 	return nil

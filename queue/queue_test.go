@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/migrations"
 	"github.com/pgworker/pgworker/queue"
 )
 
@@ -97,7 +98,7 @@ func TestEnqueue(t *testing.T) {
 	}{
 		{"empty source", []string{"ok", ""}, nil, queue.ErrInvalidSource},
 		{"NUL", []string{"a\x00b"}, nil, queue.ErrInvalidSource},
-		{"long queue", []string{"x"}, &queue.EnqueueOpts{Queue: strings.Repeat("q", 129)}, queue.ErrInvalidQueue},
+		{"long queue", []string{"x"}, &queue.EnqueueOpts{Queue: strings.Repeat("q", migrations.MaxQueueNameLength+1)}, queue.ErrInvalidQueue},
 		{"array payload", []string{"x"}, &queue.EnqueueOpts{Payload: json.RawMessage(`[1]`)}, queue.ErrInvalidPayload},
 		{"two payloads", []string{"x"}, &queue.EnqueueOpts{Payload: json.RawMessage(`{} {}`)}, queue.ErrInvalidPayload},
 		{"payload over 1 MiB", []string{"x"},
@@ -112,6 +113,14 @@ func TestEnqueue(t *testing.T) {
 	}
 	if n := count(t, pool, "SELECT count(*) FROM files.files"); n != 4 {
 		t.Errorf("%d rows after the refusals, want 4", n)
+	}
+	// A queue name is counted in characters, as the schema counts it.
+	wide := strings.Repeat("é", migrations.MaxQueueNameLength)
+	if _, err := q.Enqueue(ctx, "wide", &queue.EnqueueOpts{Queue: wide}); err != nil {
+		t.Errorf("queue name of %d characters in %d bytes: %v", migrations.MaxQueueNameLength, len(wide), err)
+	}
+	if _, err := q.Enqueue(ctx, "wider", &queue.EnqueueOpts{Queue: wide + "é"}); !errors.Is(err, queue.ErrInvalidQueue) {
+		t.Errorf("queue name of %d characters: %v, want ErrInvalidQueue", migrations.MaxQueueNameLength+1, err)
 	}
 	// A payload just under the bound goes through.
 	big := json.RawMessage(`{"a":"` + strings.Repeat("x", queue.MaxPayloadBytes-10) + `"}`)
@@ -137,10 +146,11 @@ func TestRetryCancelPauseResume(t *testing.T) {
 	}
 	var id int64
 	var att int
-	if err := pool.QueryRow(ctx, "SELECT id, attempt FROM files.claim('w:1:0')").Scan(&id, &att); err != nil {
+	var token string
+	if err := pool.QueryRow(ctx, "SELECT id, attempt, claim_token FROM files.claim('w:1:0')").Scan(&id, &att, &token); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "SELECT files.fail($1, 'w:1:0', $2, 'broken', false)", id, att); err != nil {
+	if _, err := pool.Exec(ctx, "SELECT files.fail($1, 'w:1:0', $2, $3, 'broken', false)", id, att, token); err != nil {
 		t.Fatal(err)
 	}
 

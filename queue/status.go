@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgworker/pgworker/migrations"
 )
 
 const (
@@ -161,19 +163,19 @@ func readQueues(ctx context.Context, tx pgx.Tx) ([]QueueStatus, error) {
 		}
 		q := &out[i]
 		switch state {
-		case "pending":
+		case migrations.StatePending:
 			q.Pending, q.Scheduled = n, sched
 			q.OldestPendingSeconds = seconds(oldest)
-		case "running":
+		case migrations.StateRunning:
 			q.Running = n
-		case "done":
+		case migrations.StateDone:
 			q.Done = n
-		case "failed":
+		case migrations.StateFailed:
 			q.Failed = n
-		case "cancelled":
+		case migrations.StateCancelled:
 			q.Cancelled = n
 		}
-		if state != "pending" && state != "running" {
+		if state != migrations.StatePending && state != migrations.StateRunning {
 			q.FinishedLastMinute += m1
 			q.FinishedLastHour += h1
 		}

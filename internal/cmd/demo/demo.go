@@ -604,8 +604,21 @@ func (d *demo) stopWorkers() error {
 	return nil
 }
 
+// summary prints the per-worker metrics, the failed rows and where the
+// outputs are.
 func (d *demo) summary(ctx context.Context) error {
-	// Per worker slot, from files.worker_metrics.
+	if err := d.printWorkerMetrics(ctx); err != nil {
+		return err
+	}
+	if err := d.printFailedRows(ctx); err != nil {
+		return err
+	}
+	d.printOutputs(ctx)
+	return nil
+}
+
+// printWorkerMetrics prints files.worker_metrics, one line per worker slot.
+func (d *demo) printWorkerMetrics(ctx context.Context) error {
 	rows, err := d.db.Query(ctx, `
 SELECT worker_id, processed, done, failed, lost, mean_duration, p95_duration
 FROM files.worker_metrics WHERE processed > 0 OR lost > 0 ORDER BY pid, slot`)
@@ -629,15 +642,18 @@ FROM files.worker_metrics WHERE processed > 0 OR lost > 0 ORDER BY pid, slot`)
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	tw.Flush()
+	return tw.Flush()
+}
 
-	// The failed rows, with the first line of their error.
-	rows, err = d.db.Query(ctx, "SELECT id, source, attempt, coalesce(last_error, '') FROM files.files WHERE state = 'failed' ORDER BY id")
+// printFailedRows prints the failed rows, with the first line of their
+// error.
+func (d *demo) printFailedRows(ctx context.Context) error {
+	rows, err := d.db.Query(ctx, "SELECT id, source, attempt, coalesce(last_error, '') FROM files.files WHERE state = 'failed' ORDER BY id")
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(d.w, "\nFailed rows (%d; psql -f sql/ops/stuck_and_failed.sql lists them too):\n", d.rep.Failed)
-	tw = tabwriter.NewWriter(d.w, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(d.w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  ID\tSOURCE\tATTEMPTS\tERROR")
 	for rows.Next() {
 		var (
@@ -654,9 +670,11 @@ FROM files.worker_metrics WHERE processed > 0 OR lost > 0 ORDER BY pid, slot`)
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	tw.Flush()
+	return tw.Flush()
+}
 
-	// Where the outputs are.
+// printOutputs says where the outputs are, with the first lines of one.
+func (d *demo) printOutputs(ctx context.Context) {
 	var summaries []string
 	results := filepath.Join(d.cfg.Out, "results")
 	_ = filepath.WalkDir(results, func(p string, e fs.DirEntry, err error) error {
@@ -691,7 +709,6 @@ FROM files.worker_metrics WHERE processed > 0 OR lost > 0 ORDER BY pid, slot`)
 	}
 	fmt.Fprintf(d.w, "Each row's result (files.files.result) is its manifest: the outputs with their sizes and SHA-256.\n")
 	fmt.Fprintf(d.w, "The workers' logs (JSON, one line per row start and end): %s\n", rel(filepath.Join(d.cfg.Out, "logs")))
-	return nil
 }
 
 func ms(iv pgtype.Interval) string {
