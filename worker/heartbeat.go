@@ -2,17 +2,79 @@ package worker
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/claim"
 	"github.com/pgworker/pgworker/internal/retry"
 )
 
-// heartbeatLoop sends one heartbeat statement per interval for all the
-// slots, and one more when a cancellation hint asks for it.
-func (w *Worker) heartbeatLoop(ctx context.Context) {
-	t := time.NewTicker(w.heartbeat)
+// heartbeater sends one heartbeat statement per interval for all the slots
+// of a process, and one more when a cancellation hint asks for it (soon). It
+// hands each answer to the running rows to reconcile, and releases the rows
+// held there but unknown here: orphans, claims whose answer never arrived.
+type heartbeater struct {
+	pool     *pgxpool.Pool
+	rows     heartbeatRows
+	logger   *slog.Logger
+	interval time.Duration
+	lease    time.Duration
+	key      string                    // the slots' key
+	after    func(ctx context.Context) // after each heartbeat of the interval that succeeded; nil for none
+
+	now      chan struct{}   // a hint asks for a heartbeat before the next tick
+	suspects map[heldRow]int // held there and unknown here at the last heartbeat; run's goroutine only
+
+	beats, errors, orphans atomic.Uint64
+}
+
+// heartbeatRows is what the heartbeater needs from the Worker.
+type heartbeatRows interface {
+	// WorkerIDs returns the slots to keep alive.
+	WorkerIDs() []string
+	// reconcile applies the answer held of a heartbeat sent at sent to the
+	// running rows, leaves in held only the rows unknown here, and reports
+	// whether those may be suspected.
+	reconcile(held map[int64]heldRow, sent time.Time) bool
+}
+
+// heldRow is one row of a heartbeat's answer.
+type heldRow struct {
+	workerID string
+	fileID   int64
+	attempt  int32
+}
+
+// newHeartbeater returns a heartbeater of the slots of rows, proven by key.
+// It beats once run runs.
+func newHeartbeater(pool *pgxpool.Pool, rows heartbeatRows, logger *slog.Logger, interval, lease time.Duration, key string) *heartbeater {
+	return &heartbeater{
+		pool:     pool,
+		rows:     rows,
+		logger:   logger,
+		interval: interval,
+		lease:    lease,
+		key:      key,
+		now:      make(chan struct{}, 1),
+		suspects: map[heldRow]int{},
+	}
+}
+
+// soon asks for a heartbeat before the next tick.
+func (h *heartbeater) soon() {
+	select {
+	case h.now <- struct{}{}:
+	default: // a heartbeat is asked for already
+	}
+}
+
+// run sends heartbeats until ctx ends.
+func (h *heartbeater) run(ctx context.Context) {
+	t := time.NewTicker(h.interval)
 	defer t.Stop()
 	var down time.Time
 	for {
@@ -21,39 +83,39 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-w.beatNow:
+		case <-h.now:
 			hinted = true
 		}
-		err := w.beat(ctx)
+		err := h.beat(ctx)
 		for n := 1; n <= 10 && claim.RaceLost(err); n++ {
 			// Under stricter isolation a concurrent complete can make the
 			// heartbeat lose a race: that is not an outage, try again soon.
 			if !retry.Sleep(ctx, time.Duration(n)*(2*time.Millisecond+rand.N(10*time.Millisecond))) {
 				return
 			}
-			err = w.beat(ctx)
+			err = h.beat(ctx)
 		}
 		switch {
 		case ctx.Err() != nil:
 			return
 		case claim.RaceLost(err):
-			w.heartbeatErrors.Add(1)
-			w.logger.Debug("worker: heartbeat kept losing races; trying again next interval", "error", err)
+			h.errors.Add(1)
+			h.logger.Debug("worker: heartbeat kept losing races; trying again next interval", "error", err)
 		case err != nil:
-			w.heartbeatErrors.Add(1)
+			h.errors.Add(1)
 			if down.IsZero() {
 				down = time.Now()
-				w.logger.Warn("worker: heartbeat failed; running rows will be reaped unless it recovers within the lease timeout",
-					"lease_timeout", w.lease, "error", err)
+				h.logger.Warn("worker: heartbeat failed; running rows will be reaped unless it recovers within the lease timeout",
+					"lease_timeout", h.lease, "error", err)
 			} else {
-				w.logger.Debug("worker: heartbeat failed again", "error", err)
+				h.logger.Debug("worker: heartbeat failed again", "error", err)
 			}
 		case !down.IsZero():
-			w.logger.Info("worker: heartbeats recovered", "down_for", time.Since(down).Round(time.Millisecond))
+			h.logger.Info("worker: heartbeats recovered", "down_for", time.Since(down).Round(time.Millisecond))
 			down = time.Time{}
 		}
-		if err == nil && !hinted && w.maxSlots > w.minSlots {
-			w.scale(ctx)
+		if err == nil && !hinted && h.after != nil {
+			h.after(ctx)
 		}
 	}
 }
@@ -61,40 +123,95 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 // beat sends one heartbeat and reconciles its answer with the running rows:
 // a row missing from it was lost, a row held there but unknown here is an
 // orphan (a claim whose answer never arrived) and is released.
-func (w *Worker) beat(ctx context.Context) error {
+func (h *heartbeater) beat(ctx context.Context) error {
 	sent := time.Now()
 	// A slow heartbeat is fine as long as it lands well within the lease.
-	qctx, cancel := context.WithTimeout(ctx, w.lease/2)
+	qctx, cancel := context.WithTimeout(ctx, h.lease/2)
 	defer cancel()
-	rows, err := w.pool.Query(qctx, sqlHeartbeat, w.key, w.WorkerIDs())
+	held, err := h.send(qctx)
 	if err != nil {
 		return err
 	}
+	h.beats.Add(1)
+	if !h.rows.reconcile(held, sent) {
+		held = nil
+	}
+	return h.releaseOrphans(qctx, h.suspect(held))
+}
+
+// send sends one heartbeat and returns the rows it says are held, by id.
+func (h *heartbeater) send(ctx context.Context) (map[int64]heldRow, error) {
+	rows, err := h.pool.Query(ctx, sqlHeartbeat, h.key, h.rows.WorkerIDs())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
 	held := map[int64]heldRow{}
 	for rows.Next() {
-		var h heldRow
-		if err := rows.Scan(&h.workerID, &h.fileID, &h.attempt); err != nil {
-			rows.Close()
+		var r heldRow
+		if err := rows.Scan(&r.workerID, &r.fileID, &r.attempt); err != nil {
+			return nil, err
+		}
+		held[r.fileID] = r
+	}
+	return held, rows.Err()
+}
+
+// suspect takes the rows held there and unknown here, or nil when they may
+// not be suspected, and returns those that were suspects already: held
+// there, unknown here, suspect once, release the second time in a row.
+func (h *heartbeater) suspect(unknown map[int64]heldRow) []heldRow {
+	if unknown == nil {
+		return nil
+	}
+	var orphans []heldRow
+	suspects := make(map[heldRow]int, len(unknown))
+	for _, r := range unknown {
+		if h.suspects[r] > 0 {
+			orphans = append(orphans, r)
+		} else {
+			suspects[r] = 1
+		}
+	}
+	h.suspects = suspects
+	return orphans
+}
+
+// releaseOrphans hands rows back that this process holds without knowing.
+func (h *heartbeater) releaseOrphans(ctx context.Context, orphans []heldRow) error {
+	for _, r := range orphans {
+		var ok bool
+		// Its claim token never arrived: the slot's key releases it.
+		err := h.pool.QueryRow(ctx, sqlRelease, r.fileID, r.workerID, r.attempt, h.key, "not known to its worker").Scan(&ok)
+		if err != nil {
 			return err
 		}
-		held[h.fileID] = h
+		if ok {
+			h.orphans.Add(1)
+			h.logger.Warn("worker: released a row held by this process but unknown to it", "file_id", r.fileID,
+				"worker_id", r.workerID)
+		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	w.heartbeats.Add(1)
+	return nil
+}
 
-	var orphans []heldRow
+// reconcile applies a heartbeat's answer, sent at sent, to the running rows:
+// a row missing from held was lost, or cancelled by an operator when a hint
+// named it. It leaves in held the rows unknown here, and reports false while
+// a claim is in flight: its rows may be held there and not yet delivered
+// here, however slow its answer, so nothing may be suspected then.
+func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) bool {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	for id, t := range w.running {
 		h, ok := held[id]
+		// Known here: another attempt of the row is settled by fencing.
+		delete(held, id)
 		at, hinted := w.hinted[id]
 		if hinted && at.Before(sent) {
 			delete(w.hinted, id) // this answer is the database's word on the hint
 		}
 		if ok && h.workerID == t.row.WorkerID && int(h.attempt) == t.row.Attempt {
-			delete(held, id)
 			continue
 		}
 		// A row whose claim answered after the heartbeat was sent may be
@@ -118,41 +235,7 @@ func (w *Worker) beat(ctx context.Context) error {
 		w.logger.Warn("worker: lease lost; cancelling the handler and discarding its outcome",
 			"file_id", id, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 	}
-	// Held there, unknown here: suspect once, release the second time in a
-	// row. While a claim is in flight its rows may be held there and not yet
-	// delivered here, however slow its answer: suspect nothing then.
-	suspects := make(map[heldRow]int, len(held))
-	if w.claimer.InFlight() {
-		held = nil
-		suspects = w.suspects
-	}
-	for _, h := range held {
-		if t := w.running[h.fileID]; t != nil {
-			continue // the same row in another attempt: settled by fencing
-		}
-		if w.suspects[h] > 0 {
-			orphans = append(orphans, h)
-		} else {
-			suspects[h] = 1
-		}
-	}
-	w.suspects = suspects
-	w.mu.Unlock()
-
-	for _, h := range orphans {
-		var ok bool
-		// Its claim token never arrived: the slot's key releases it.
-		err := w.pool.QueryRow(qctx, sqlRelease, h.fileID, h.workerID, h.attempt, w.key, "not known to its worker").Scan(&ok)
-		if err != nil {
-			return err
-		}
-		if ok {
-			w.orphans.Add(1)
-			w.logger.Warn("worker: released a row held by this process but unknown to it", "file_id", h.fileID,
-				"worker_id", h.workerID)
-		}
-	}
-	return nil
+	return !w.claimer.InFlight()
 }
 
 // reapLoop runs files.reap every reap interval, with jitter so that a fleet

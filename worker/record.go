@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/claim"
 	"github.com/pgworker/pgworker/internal/retry"
@@ -105,168 +107,137 @@ func appendMillis(b []byte, d time.Duration) []byte {
 	return append(append(b, '.'), buf[:digits]...)
 }
 
-// decide turns a handler's return into the outcome to record.
-func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, cause error) *outcome {
-	o := &outcome{t: t}
-	rep := report{Duration: elapsed}
-	var output json.RawMessage
-	if res != nil {
-		rep.ExitCode, rep.StderrTail = res.ExitCode, cleanText(res.StderrTail)
-		if res.Duration > 0 {
-			rep.Duration = res.Duration
-		}
-		if res.Output != nil {
-			b, mErr := json.Marshal(res.Output)
-			if mErr != nil && err == nil {
-				err = Permanent(fmt.Errorf("result is not JSON-marshalable: %w", mErr))
-			}
-			output = b
-		}
-	}
-
-	switch {
-	case err == nil:
-		o.kind = kindComplete
-		if output != nil {
-			s := string(output)
-			o.result = &s
-		}
-		w.forgetReleases(t.row.ID)
-	case errors.Is(cause, ErrStopping):
-		o.kind, o.message = kindRelease, "worker stopping: "+err.Error()
-	case IsRelease(err):
-		if w.countRelease(t.row.ID) > w.maxReleases {
-			o.kind, o.retryable = kindFail, true
-			o.message = fmt.Sprintf("released %d times in a row by this worker: %v", w.maxReleases, err)
-			w.forgetReleases(t.row.ID)
-		} else {
-			o.kind, o.message = kindRelease, err.Error()
-		}
-	case errors.Is(cause, ErrTimeout):
-		o.kind, o.retryable = kindFail, true
-		o.message = fmt.Sprintf("handler timed out after %s: %v", w.timeout, err)
-	default:
-		o.kind, o.retryable = kindFail, !IsPermanent(err)
-		o.message = err.Error()
-	}
-	o.message = cleanText(o.message)
-	if o.kind == kindFail {
-		rep.Output = output
-		if o.message == "" {
-			o.message = "failed without an error message"
-		}
-	}
-	if o.kind != kindRelease {
-		s := rep.marshal()
-		o.report = &s
-	}
-	return o
-}
-
-func (w *Worker) countRelease(id int64) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.releases) > 10000 {
-		clear(w.releases)
-	}
-	w.releases[id]++
-	return w.releases[id]
-}
-
-func (w *Worker) forgetReleases(id int64) {
-	w.mu.Lock()
-	delete(w.releases, id)
-	w.mu.Unlock()
-}
-
-// submit hands o to the recorder, which finishes it once the database has
-// answered; once the recorder has stopped, o is finished as given up at once.
-func (w *Worker) submit(o *outcome) {
-	w.recordMu.Lock()
-	if w.recordClosed {
-		w.recordMu.Unlock()
-		w.finish(o, recordedGaveUp)
-		return
-	}
-	w.recordQueue = append(w.recordQueue, o)
-	w.recordMu.Unlock()
-	select {
-	case w.recordBell <- struct{}{}:
-	default:
-	}
-}
-
-// finish settles an outcome with the database's answer r: the counters, the
-// row's end event and, for an outcome handed over by its slot, the slot's
-// token and the row's entry. It runs on the recorder's goroutine, or on the
-// slot's for a release.
-func (w *Worker) finish(o *outcome, r recorded) {
-	t, ev := o.t, o.ev
-	switch r {
-	case recordedOK:
-		switch o.kind {
-		case kindComplete:
-			w.done.Add(1)
-			ev.Kind = RowDone
-		case kindFail:
-			w.failed.Add(1)
-			ev.Kind, ev.Err, ev.RetryAt = RowFailed, errors.New(o.message), o.runAfter
-			if !o.retryable {
-				w.logger.Debug("worker: row failed permanently", "file_id", t.row.ID, "error", o.message)
-			}
-		case kindRelease:
-			w.released.Add(1)
-			ev.Kind, ev.Err = RowReleased, errors.New(o.message)
-		}
-	case recordedNotHeld:
-		w.mu.Lock()
-		gone := t.gone
-		w.mu.Unlock()
-		ev.Kind, ev.Err = RowLost, errNotHeld
-		if gone == nil {
-			w.lost.Add(1)
-			w.logger.Warn("worker: outcome refused: the row is no longer held by this attempt",
-				"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
-		} else {
-			ev.Err = gone
-			if gone == ErrCancelled {
-				ev.Kind = RowCancelled
-			}
-		}
-	case recordedGaveUp:
-		w.lost.Add(1)
-		ev.Kind, ev.Err = RowLost, errGaveUp
-		w.logger.Warn("worker: outcome lost: the database could not be reached before the worker stopped",
-			"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
-	}
-	w.emit(t, ev)
-	switch {
-	case o.handedOver:
-		<-w.unsettled
-		w.forget(t)
-		w.handlers.Done()
-	case o.settled != nil:
-		close(o.settled)
-	}
-}
-
 // Why an outcome was not recorded, for RowLost events.
 var (
 	errNotHeld = errors.New("outcome refused: the row is no longer held by this attempt")
 	errGaveUp  = errors.New("outcome not recorded: the database could not be reached before the worker stopped")
 )
 
+// recorder records the outcomes of all slots through the fenced SQL API:
+// whatever queued up while the previous statement ran goes into the next
+// one, so that one statement at a time records many outcomes. It finishes
+// each outcome with the database's answer through its settler.
+type recorder struct {
+	pool     *pgxpool.Pool
+	settler  settler
+	logger   *slog.Logger
+	lease    time.Duration // bounds one statement
+	maxBatch int
+
+	mu     sync.Mutex
+	queue  []*outcome    // in order of submission
+	bell   chan struct{} // rung when queue grows
+	closed bool          // run has returned: outcomes are given up
+}
+
+// settler is what the recorder needs from the Worker.
+type settler interface {
+	// finish settles o with the database's answer r.
+	finish(o *outcome, r recorded)
+	// wakeAt asks for a claim at t, when a failed row becomes claimable again.
+	wakeAt(t time.Time)
+}
+
+// newRecorder returns a recorder of at most maxBatch outcomes a statement;
+// it records once run runs.
+func newRecorder(pool *pgxpool.Pool, s settler, logger *slog.Logger, lease time.Duration, maxBatch int) *recorder {
+	return &recorder{
+		pool:     pool,
+		settler:  s,
+		logger:   logger,
+		lease:    lease,
+		maxBatch: maxBatch,
+		bell:     make(chan struct{}, 1),
+	}
+}
+
+// submit hands o to the recorder, which finishes it once the database has
+// answered; once the recorder has stopped, o is finished as given up at once.
+func (r *recorder) submit(o *outcome) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		r.settler.finish(o, recordedGaveUp)
+		return
+	}
+	r.queue = append(r.queue, o)
+	r.mu.Unlock()
+	select {
+	case r.bell <- struct{}{}:
+	default:
+	}
+}
+
+// run records batches until ctx ends; the outcomes still queued then are
+// given up.
+func (r *recorder) run(ctx context.Context) {
+	var batch []*outcome
+	for {
+		select {
+		case <-r.bell:
+		case <-ctx.Done():
+			r.close()
+			return
+		}
+		for {
+			batch = r.next(batch)
+			if len(batch) == 0 {
+				break
+			}
+			r.record(ctx, batch)
+			clear(batch)
+		}
+	}
+}
+
+// next moves the oldest outcomes queued, up to maxBatch, into batch.
+func (r *recorder) next(batch []*outcome) []*outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := min(len(r.queue), r.maxBatch)
+	batch = append(batch[:0], r.queue[:n]...)
+	r.queue = append(r.queue[:0], r.queue[n:]...)
+	return batch
+}
+
+// record sends a batch: its completions in one statement, then its failures
+// in another.
+func (r *recorder) record(ctx context.Context, batch []*outcome) {
+	var completes, fails []*outcome
+	for _, o := range batch {
+		if o.kind == kindComplete {
+			completes = append(completes, o)
+		} else {
+			fails = append(fails, o)
+		}
+	}
+	r.flush(ctx, completes, r.completeMany)
+	r.flush(ctx, fails, r.failMany)
+}
+
+// close stops taking outcomes and gives up those still queued.
+func (r *recorder) close() {
+	r.mu.Lock()
+	r.closed = true
+	left := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	for _, o := range left {
+		r.settler.finish(o, recordedGaveUp)
+	}
+}
+
 // release hands a row back without spending an attempt, retrying connection
-// errors until the database answers (see flush) or the worker stops.
-func (w *Worker) release(t *task, reason string) recorded {
-	ctx := w.loopCtx
+// errors until the database answers (see flush) or ctx ends. It runs on the
+// slot's goroutine: a release is not batched.
+func (r *recorder) release(ctx context.Context, t *task, reason string) recorded {
 	for n := 1; ; n++ {
 		if ctx.Err() != nil {
 			return recordedGaveUp
 		}
-		qctx, cancel := context.WithTimeout(ctx, w.lease)
+		qctx, cancel := context.WithTimeout(ctx, r.lease)
 		var ok bool
-		err := w.pool.QueryRow(qctx, sqlRelease, t.row.ID, t.row.WorkerID, t.row.Attempt, t.row.Token, reason).Scan(&ok)
+		err := r.pool.QueryRow(qctx, sqlRelease, t.row.ID, t.row.WorkerID, t.row.Attempt, t.row.Token, reason).Scan(&ok)
 		cancel()
 		switch {
 		case err == nil && ok:
@@ -274,59 +245,19 @@ func (w *Worker) release(t *task, reason string) recorded {
 		case err == nil:
 			return recordedNotHeld
 		case !retryable(err):
-			w.logger.Error("worker: release failed; the row returns to the queue when its lease expires",
+			r.logger.Error("worker: release failed; the row returns to the queue when its lease expires",
 				"file_id", t.row.ID, "error", err)
 			return recordedGaveUp
 		}
-		w.logger.Debug("worker: release failed; retrying", "file_id", t.row.ID, "error", err)
+		r.logger.Debug("worker: release failed; retrying", "file_id", t.row.ID, "error", err)
 		if !retry.Sleep(ctx, backoff(n)) {
 			return recordedGaveUp
 		}
 	}
 }
 
-// recordLoop batches the outcomes of all slots: whatever queued up while the
-// previous statement ran goes into the next one. When it stops, the outcomes
-// still queued are given up.
-func (w *Worker) recordLoop(ctx context.Context) {
-	var batch []*outcome
-	for {
-		select {
-		case <-w.recordBell:
-		case <-ctx.Done():
-			w.recordMu.Lock()
-			w.recordClosed = true
-			left := w.recordQueue
-			w.recordQueue = nil
-			w.recordMu.Unlock()
-			for _, o := range left {
-				w.finish(o, recordedGaveUp)
-			}
-			return
-		}
-		for {
-			w.recordMu.Lock()
-			n := min(len(w.recordQueue), w.maxBatch)
-			batch = append(batch[:0], w.recordQueue[:n]...)
-			w.recordQueue = append(w.recordQueue[:0], w.recordQueue[n:]...)
-			w.recordMu.Unlock()
-			if n == 0 {
-				break
-			}
-			var completes, fails []*outcome
-			for _, o := range batch {
-				if o.kind == kindComplete {
-					completes = append(completes, o)
-				} else {
-					fails = append(fails, o)
-				}
-			}
-			w.flush(ctx, completes, w.completeMany)
-			w.flush(ctx, fails, w.failMany)
-			clear(batch)
-		}
-	}
-}
+// sender records outcomes in one statement and says which ones it took.
+type sender func(ctx context.Context, obs []*outcome) (map[int64]bool, error)
 
 // flush records a batch, retrying connection errors with backoff until the
 // database answers or the worker stops; each outcome is finished with its
@@ -334,47 +265,47 @@ func (w *Worker) recordLoop(ctx context.Context) {
 // fenced call refuses it if the row was taken back meanwhile, and records it
 // if not (files.reap does not count the database's own outage against the
 // lease), so finished work is not thrown away on a guess of the local clock.
-func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Context, []*outcome) (map[int64]bool, error)) {
+func (r *recorder) flush(ctx context.Context, obs []*outcome, send sender) {
 	var down time.Time
 	for n := 1; len(obs) > 0; n++ {
 		if ctx.Err() != nil {
 			break
 		}
-		qctx, cancel := context.WithTimeout(ctx, w.lease)
+		qctx, cancel := context.WithTimeout(ctx, r.lease)
 		took, err := send(qctx, obs)
 		cancel()
 		if err == nil {
 			for _, o := range obs {
 				if took[o.t.row.ID] {
-					w.finish(o, recordedOK)
+					r.settler.finish(o, recordedOK)
 				} else {
-					w.finish(o, recordedNotHeld)
+					r.settler.finish(o, recordedNotHeld)
 				}
 			}
 			if !down.IsZero() {
-				w.logger.Info("worker: outcomes recorded again", "down_for", time.Since(down).Round(time.Millisecond))
+				r.logger.Info("worker: outcomes recorded again", "down_for", time.Since(down).Round(time.Millisecond))
 			}
 			return
 		}
 		if !retryable(err) {
-			w.salvage(ctx, obs, send, err)
+			r.salvage(ctx, obs, send, err)
 			return
 		}
 		switch {
 		case claim.RaceLost(err):
-			w.logger.Debug("worker: recording outcomes lost a race; retrying", "rows", len(obs), "error", err)
+			r.logger.Debug("worker: recording outcomes lost a race; retrying", "rows", len(obs), "error", err)
 		case down.IsZero():
 			down = time.Now()
-			w.logger.Warn("worker: cannot record outcomes; retrying until the database answers", "rows", len(obs), "error", err)
+			r.logger.Warn("worker: cannot record outcomes; retrying until the database answers", "rows", len(obs), "error", err)
 		default:
-			w.logger.Debug("worker: still cannot record outcomes", "rows", len(obs), "error", err)
+			r.logger.Debug("worker: still cannot record outcomes", "rows", len(obs), "error", err)
 		}
 		if !retry.Sleep(ctx, backoff(n)) {
 			break
 		}
 	}
 	for _, o := range obs {
-		w.finish(o, recordedGaveUp)
+		r.settler.finish(o, recordedGaveUp)
 	}
 }
 
@@ -382,34 +313,34 @@ func (w *Worker) flush(ctx context.Context, obs []*outcome, send func(context.Co
 // a string with a NUL character): each outcome is tried alone, so that one
 // bad row does not cost the others their outcomes; a refused result becomes a
 // permanent failure that says why, a refused report is dropped.
-func (w *Worker) salvage(ctx context.Context, obs []*outcome, send func(context.Context, []*outcome) (map[int64]bool, error), err error) {
+func (r *recorder) salvage(ctx context.Context, obs []*outcome, send sender, err error) {
 	if len(obs) > 1 {
 		for _, o := range obs {
-			w.flush(ctx, []*outcome{o}, send)
+			r.flush(ctx, []*outcome{o}, send)
 		}
 		return
 	}
 	o := obs[0]
-	w.logger.Error("worker: the database refused an outcome", "file_id", o.t.row.ID, "error", err)
+	r.logger.Error("worker: the database refused an outcome", "file_id", o.t.row.ID, "error", err)
 	switch {
 	case o.kind == kindComplete:
 		o.kind, o.retryable, o.result = kindFail, false, nil
 		o.message = "the result could not be recorded: " + err.Error()
-		w.flush(ctx, obs, w.failMany)
+		r.flush(ctx, obs, r.failMany)
 	case o.report != nil:
 		o.report = nil
-		w.flush(ctx, obs, send)
+		r.flush(ctx, obs, send)
 	default:
-		w.finish(o, recordedGaveUp)
+		r.settler.finish(o, recordedGaveUp)
 	}
 }
 
-func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
+func (r *recorder) completeMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
 	if len(obs) == 1 {
 		// files.complete plans once per connection; complete_many each call.
 		o := obs[0]
 		var took bool
-		if err := w.pool.QueryRow(ctx, sqlCompleteOne, o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt),
+		if err := r.pool.QueryRow(ctx, sqlCompleteOne, o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt),
 			o.t.row.Token, o.result, o.report).Scan(&took); err != nil {
 			return nil, err
 		}
@@ -421,7 +352,7 @@ func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bo
 		ids[i], wids[i], attempts[i], tokens[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt), o.t.row.Token
 		results[i], reports[i] = o.result, o.report
 	}
-	rows, err := w.pool.Query(ctx, sqlComplete, ids, wids, attempts, tokens, results, reports)
+	rows, err := r.pool.Query(ctx, sqlComplete, ids, wids, attempts, tokens, results, reports)
 	if err != nil {
 		return nil, err
 	}
@@ -437,14 +368,14 @@ func (w *Worker) completeMany(ctx context.Context, obs []*outcome) (map[int64]bo
 	return took, rows.Err()
 }
 
-func (w *Worker) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
+func (r *recorder) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, error) {
 	ids, wids, attempts, tokens := make([]int64, len(obs)), make([]string, len(obs)), make([]int32, len(obs)), make([]string, len(obs))
 	errs, retry, reports := make([]string, len(obs)), make([]bool, len(obs)), make([]*string, len(obs))
 	for i, o := range obs {
 		ids[i], wids[i], attempts[i], tokens[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt), o.t.row.Token
 		errs[i], retry[i], reports[i] = o.message, o.retryable, o.report
 	}
-	rows, err := w.pool.Query(ctx, sqlFail, ids, wids, attempts, tokens, errs, retry, reports)
+	rows, err := r.pool.Query(ctx, sqlFail, ids, wids, attempts, tokens, errs, retry, reports)
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +397,7 @@ func (w *Worker) failMany(ctx context.Context, obs []*outcome) (map[int64]bool, 
 		took[id] = true
 		if state == "pending" {
 			// Nobody announces a retry when it comes due: look then.
-			w.claimer.WakeAt(runAfter)
+			r.settler.wakeAt(runAfter)
 			if o := byID[id]; o != nil {
 				o.runAfter = runAfter
 			}

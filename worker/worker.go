@@ -209,13 +209,10 @@ type Worker struct {
 	gated    sync.WaitGroup // holdSlots goroutines
 
 	queues      []string
-	minSlots    int
 	maxSlots    int
-	threshold   float64
 	prefix      string
 	key         string // the slots' key: proves them ours to the SQL API
 	timeout     time.Duration
-	heartbeat   time.Duration
 	lease       time.Duration
 	reapEvery   time.Duration
 	safetyNet   time.Duration
@@ -223,7 +220,6 @@ type Worker struct {
 	node        string
 	version     string
 	maxReleases int
-	maxBatch    int
 
 	listener    *listener.Listener
 	ownListener bool
@@ -247,27 +243,20 @@ type Worker struct {
 	handlerCancel context.CancelCauseFunc
 	handlers      sync.WaitGroup
 	handoff       chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
-	recordMu      sync.Mutex
-	recordQueue   []*outcome    // outcomes for the recorder, in order
-	recordBell    chan struct{} // rung when recordQueue grows
-	recordClosed  bool          // the recorder has stopped: outcomes are given up
+	rec           *recorder
+	hb            *heartbeater
 
 	mu        sync.Mutex
 	ids       []string // the slots, in slot order
 	nextSlot  int
-	above     int                 // consecutive scaling checks above the threshold
-	below     int                 // consecutive scaling checks below half of it
 	running   map[int64]*task     // rows claimed and not yet settled
 	busy      int                 // handlers running
 	unsettled chan struct{}       // a token per slot freed before its outcome was recorded
-	suspects  map[heldRow]int     // held in the database, unknown here
 	hinted    map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
-	beatNow   chan struct{}       // a hint asks for a heartbeat before the next tick
 	releases  map[int64]int       // rows released by Release, in a row
 	waiting   map[int64]*task     // the latest attempt of a row whose events are held, by row
 
-	done, failed, released, lost, cancelled, leaseLosses, orphans, reaped atomic.Uint64
-	heartbeats, heartbeatErrors                                           atomic.Uint64
+	done, failed, released, lost, cancelled, leaseLosses, reaped atomic.Uint64
 }
 
 // task is a row being worked on.
@@ -287,13 +276,6 @@ type task struct {
 	next  *task       // the row's next attempt in this worker, waiting for this one to end
 }
 
-// heldRow is one row of a heartbeat's answer.
-type heldRow struct {
-	workerID string
-	fileID   int64
-	attempt  int32
-}
-
 var workersInProcess atomic.Int64
 
 // New returns a worker that claims through pool. It starts with Start.
@@ -304,6 +286,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if cfg == nil || cfg.Handler == nil {
 		return nil, errors.New("worker: missing handler (set Config.Handler)")
 	}
+	lease := retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout)
+	heartbeat := retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
+	if heartbeat >= lease {
+		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", heartbeat, lease)
+	}
+	minSlots := max(cfg.Slots, 1)
 	w := &Worker{
 		pool:        pool,
 		handler:     cfg.Handler,
@@ -311,27 +299,22 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		observer:    cfg.Observer,
 		gate:        cfg.Gate,
 		queues:      slices.Clone(cfg.Queues),
-		minSlots:    max(cfg.Slots, 1),
-		threshold:   cfg.ScaleThreshold,
+		maxSlots:    max(cfg.MaxSlots, minSlots),
 		timeout:     max(cfg.Timeout, 0),
-		heartbeat:   retry.OrDefault(cfg.HeartbeatInterval, DefaultHeartbeatInterval),
-		lease:       retry.OrDefault(cfg.LeaseTimeout, DefaultLeaseTimeout),
+		lease:       lease,
+		reapEvery:   cfg.ReapInterval,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		listener:    cfg.Listener,
 		listenURL:   cfg.ListenURL,
 		node:        cfg.Node,
 		version:     cfg.Version,
-		maxReleases: cfg.MaxReleases,
-		maxBatch:    cfg.MaxBatch,
+		maxReleases: orPositive(cfg.MaxReleases, 3),
 		stopped:     make(chan struct{}),
 		startStop:   make(chan struct{}),
 		claimDone:   make(chan struct{}),
 		handoff:     make(chan *task),
-		recordBell:  make(chan struct{}, 1),
 		running:     map[int64]*task{},
-		suspects:    map[heldRow]int{},
 		hinted:      map[int64]time.Time{},
-		beatNow:     make(chan struct{}, 1),
 		releases:    map[int64]int{},
 		waiting:     map[int64]*task{},
 	}
@@ -341,40 +324,56 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if len(w.queues) == 0 {
 		w.queues = nil
 	}
-	w.reapEvery = cfg.ReapInterval
 	if w.reapEvery == 0 {
 		w.reapEvery = w.lease
 	}
-	if w.maxReleases <= 0 {
-		w.maxReleases = 3
-	}
-	if w.maxBatch <= 0 {
-		w.maxBatch = 1000
-	}
-	w.maxSlots = max(cfg.MaxSlots, w.minSlots)
-	if w.threshold <= 0 {
-		w.threshold = 1
-	}
-	if w.heartbeat >= w.lease {
-		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", w.heartbeat, w.lease)
-	}
 	if w.node == "" {
-		w.node, _ = os.Hostname()
-		if w.node == "" {
-			w.node = "localhost"
-		}
+		w.node = hostname()
 	}
 	w.prefix = cfg.WorkerIDPrefix
 	if w.prefix == "" {
-		w.prefix = w.node + ":" + strconv.Itoa(os.Getpid())
-		if n := workersInProcess.Add(1); n > 1 {
-			w.prefix += "-" + strconv.FormatInt(n, 10)
-		}
+		w.prefix = processPrefix(w.node)
 	}
 	w.key = rand.Text()
-	w.ids = w.newIDs(w.minSlots)
+	w.ids = w.newIDs(minSlots)
 	w.unsettled = make(chan struct{}, w.maxSlots)
+
+	w.rec = newRecorder(pool, w, w.logger, w.lease, orPositive(cfg.MaxBatch, 1000))
+	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
+	if w.maxSlots > minSlots {
+		threshold := cfg.ScaleThreshold
+		if threshold <= 0 {
+			threshold = 1
+		}
+		w.hb.after = newScaler(pool, w, w.logger, w.queues, minSlots, w.maxSlots, threshold).check
+	}
 	return w, nil
+}
+
+// orPositive returns n, or def when n is not positive.
+func orPositive(n, def int) int {
+	if n <= 0 {
+		return def
+	}
+	return n
+}
+
+// hostname returns the host name recorded for the slots by default.
+func hostname() string {
+	if h, _ := os.Hostname(); h != "" {
+		return h
+	}
+	return "localhost"
+}
+
+// processPrefix returns the default prefix of the slot ids: node:pid, with
+// "-2", "-3"... appended for further workers of the same process.
+func processPrefix(node string) string {
+	prefix := node + ":" + strconv.Itoa(os.Getpid())
+	if n := workersInProcess.Add(1); n > 1 {
+		prefix += "-" + strconv.FormatInt(n, 10)
+	}
+	return prefix
 }
 
 // newIDs numbers n more slots.
@@ -432,11 +431,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.ownListener {
 		w.goLoop(func(ctx context.Context) { _ = w.listener.Listen(ctx) })
 	}
-	w.goLoop(w.heartbeatLoop)
+	w.goLoop(w.hb.run)
 	if w.reapEvery > 0 {
 		w.goLoop(w.reapLoop)
 	}
-	w.goLoop(w.recordLoop)
+	w.goLoop(w.rec.run)
 	go func() {
 		defer close(w.claimDone)
 		_ = w.claimer.Run(claimCtx, w.deliver)
@@ -541,26 +540,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	}
 	cancel()
 
-	var err error
-	finished := make(chan struct{})
-	go func() {
-		w.handlers.Wait()
-		close(finished)
-	}()
-	select {
-	case <-finished:
-	case <-ctx.Done():
-		err = ctx.Err()
-		w.handlerCancel(ErrStopping)
-		grace := time.NewTimer(stopGrace)
-		select {
-		case <-finished:
-		case <-grace.C:
-			w.logger.Warn("worker: handlers did not return after cancellation; their rows are released",
-				"handlers", w.Stats().BusySlots)
-		}
-		grace.Stop()
-	}
+	err := w.waitHandlers(ctx)
 
 	// Whatever is still held (handlers that did not return) goes back to the
 	// queue with the slots.
@@ -579,6 +559,32 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	return err
 }
 
+// waitHandlers waits for the running handlers to return. When ctx ends
+// first, it cancels them (cause ErrStopping), waits stopGrace more for them,
+// and returns ctx's error.
+func (w *Worker) waitHandlers(ctx context.Context) error {
+	finished := make(chan struct{})
+	go func() {
+		w.handlers.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return nil
+	case <-ctx.Done():
+	}
+	w.handlerCancel(ErrStopping)
+	grace := time.NewTimer(stopGrace)
+	defer grace.Stop()
+	select {
+	case <-finished:
+	case <-grace.C:
+		w.logger.Warn("worker: handlers did not return after cancellation; their rows are released",
+			"handlers", w.Stats().BusySlots)
+	}
+	return ctx.Err()
+}
+
 // Stats returns the worker's counters.
 func (w *Worker) Stats() Stats {
 	w.mu.Lock()
@@ -591,9 +597,9 @@ func (w *Worker) Stats() Stats {
 		Lost:            w.lost.Load(),
 		Cancelled:       w.cancelled.Load(),
 		LeaseLosses:     w.leaseLosses.Load(),
-		Orphans:         w.orphans.Load(),
-		Heartbeats:      w.heartbeats.Load(),
-		HeartbeatErrors: w.heartbeatErrors.Load(),
+		Orphans:         w.hb.orphans.Load(),
+		Heartbeats:      w.hb.beats.Load(),
+		HeartbeatErrors: w.hb.errors.Load(),
 		Reaped:          w.reaped.Load(),
 		BusySlots:       busy,
 		Slots:           slots,
@@ -703,7 +709,7 @@ func (w *Worker) execute(t *task) {
 	o = w.decide(t, res, err, elapsed, context.Cause(ctx))
 	o.ev = ev
 	if o.kind == kindRelease {
-		w.finish(o, w.release(t, o.message))
+		w.finish(o, w.rec.release(w.loopCtx, t, o.message))
 		w.freeSlot(t)
 		return
 	}
@@ -711,12 +717,12 @@ func (w *Worker) execute(t *task) {
 	case w.unsettled <- struct{}{}:
 		o.handedOver = true
 		w.freeSlot(t)
-		w.submit(o)
+		w.rec.submit(o)
 	default:
 		// As many outcomes wait as the process has slots: this slot waits
 		// for its own.
 		o.settled = make(chan struct{})
-		w.submit(o)
+		w.rec.submit(o)
 		<-o.settled
 		w.freeSlot(t)
 	}
@@ -836,8 +842,5 @@ func (w *Worker) onControl(c listener.Control) {
 	}
 	w.hinted[c.FileID] = time.Now()
 	w.mu.Unlock()
-	select {
-	case w.beatNow <- struct{}{}:
-	default: // a heartbeat is asked for already
-	}
+	w.hb.soon()
 }
