@@ -225,6 +225,7 @@ type Worker struct {
 	ownListener bool
 	sub         *listener.Subscription
 	stopControl func()
+	stopConnect func()
 	claimer     *claim.Claimer
 
 	started   atomic.Bool
@@ -419,6 +420,7 @@ func (w *Worker) Start(ctx context.Context) error {
 
 	w.sub = w.listener.Subscribe(w.queues...)
 	w.stopControl = w.listener.OnControl(w.onControl)
+	w.stopConnect = w.listener.OnConnect(w.onListen)
 	w.claimer = claim.New(w.pool, &claim.Config{
 		Queues:    w.queues,
 		Idle:      w.WorkerIDs(),
@@ -554,6 +556,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	w.gated.Wait()
 	w.sub.Close()
 	w.stopControl()
+	w.stopConnect()
 	w.handlerCancel(ErrStopping)
 	w.logger.Info("worker stopped", "done", w.done.Load(), "failed", w.failed.Load(), "released", w.released.Load())
 	return err
@@ -823,6 +826,20 @@ func (w *Worker) forget(t *task) {
 	}
 	w.mu.Unlock()
 	t.cancel(nil)
+}
+
+// onListen runs after each LISTEN. A cancellation sent while the listener
+// was away was lost with its message: with rows running, a heartbeat now
+// learns from the database which of them are still this worker's, and
+// stops the handlers of the others (as lost leases: the answer does not
+// say why a row is gone).
+func (w *Worker) onListen() {
+	w.mu.Lock()
+	busy := len(w.running) > 0
+	w.mu.Unlock()
+	if busy {
+		w.hb.soon()
+	}
 }
 
 // onControl handles files_control messages. Any role that can connect can

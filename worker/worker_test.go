@@ -16,6 +16,7 @@ import (
 	"github.com/pgworker/pgworker/internal/pgbouncertest"
 	"github.com/pgworker/pgworker/internal/pgtest"
 	"github.com/pgworker/pgworker/internal/testhelp"
+	"github.com/pgworker/pgworker/listener"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -768,5 +769,48 @@ func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 	waitFor(t, "every row done", func() bool { return w.Stats().Done == 3 })
 	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 3 {
 		t.Fatalf("%d done attempts, want 3", n)
+	}
+}
+
+// A cancellation sent while the listener is away is lost with its message:
+// after LISTEN again, the worker asks the database at once, without waiting
+// for a heartbeat an hour away.
+func TestCancelDuringListenerOutage(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l, err := listener.New(&listener.Config{URL: url, PingInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = l.Listen(ctx) }()
+		return func() { cancel(); <-done }
+	}
+	g := newGate()
+	w := start(t, pool, &worker.Config{Handler: g, Listener: l, SafetyNet: time.Hour, HeartbeatInterval: time.Hour, LeaseTimeout: 2 * time.Hour})
+	stop := listen()
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	g.next(t, "the row")
+
+	stop() // no session listens: the cancellation's message reaches nobody
+	if n := count(t, pool, "SELECT files.cancel($1)", id); n != 1 {
+		t.Fatalf("cancelled %d rows", n)
+	}
+	beats := w.Stats().Heartbeats
+	stop = listen()
+	defer stop()
+	if cause := g.cause(t); !errors.Is(cause, worker.ErrCancelled) && !errors.Is(cause, worker.ErrLeaseLost) {
+		t.Fatalf("cause %v, want the row to be stopped as cancelled or lost", cause)
+	}
+	if s := w.Stats(); s.Heartbeats <= beats || s.Done != 0 {
+		t.Errorf("stats: %+v", s)
+	}
+	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'cancelled'", id); n != 1 {
+		t.Fatal("row not cancelled")
 	}
 }
