@@ -82,8 +82,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		return fmt.Errorf("run: %w", err)
 	}
 	if m != nil {
-		// Once started: Worker.Stats must not run while Start sets it up.
-		// Until then /readyz says that no worker has started.
+		// Once started: until then /readyz says that no worker has started.
 		m.Watch(w)
 	}
 	<-ctx.Done()

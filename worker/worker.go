@@ -406,7 +406,9 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.started.Store(false)
 			return err
 		}
+		w.mu.Lock() // Stats may read it meanwhile
 		w.listener, w.ownListener = l, true
+		w.mu.Unlock()
 	}
 	if err := w.register(ctx, w.ids); err != nil {
 		w.started.Store(false)
@@ -421,7 +423,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.sub = w.listener.Subscribe(w.queues...)
 	w.stopControl = w.listener.OnControl(w.onControl)
 	w.stopConnect = w.listener.OnConnect(w.onListen)
-	w.claimer = claim.New(w.pool, &claim.Config{
+	claimer := claim.New(w.pool, &claim.Config{
 		Queues:    w.queues,
 		Idle:      w.WorkerIDs(),
 		Key:       w.key,
@@ -429,6 +431,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		SafetyNet: w.safetyNet,
 		Logger:    w.logger,
 	})
+	w.mu.Lock() // Stats may read it meanwhile
+	w.claimer = claimer
+	w.mu.Unlock()
 
 	if w.ownListener {
 		w.goLoop(func(ctx context.Context) { _ = w.listener.Listen(ctx) })
@@ -588,10 +593,12 @@ func (w *Worker) waitHandlers(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// Stats returns the worker's counters.
+// Stats returns the worker's counters. It may be called at any time, from
+// any goroutine, also while Start runs.
 func (w *Worker) Stats() Stats {
 	w.mu.Lock()
 	busy, slots := w.busy, len(w.ids)
+	claimer, l := w.claimer, w.listener
 	w.mu.Unlock()
 	s := Stats{
 		Done:            w.done.Load(),
@@ -608,13 +615,13 @@ func (w *Worker) Stats() Stats {
 		Slots:           slots,
 		IdleSlots:       max(slots-busy, 0),
 	}
-	if w.claimer != nil {
-		cs := w.claimer.Stats()
+	if claimer != nil {
+		cs := claimer.Stats()
 		s.Claims, s.Claimed, s.RacesLost, s.ClaimErrors, s.SafetyWakes = cs.Claims, cs.Rows, cs.RacesLost, cs.Errors, cs.SafetyWakes
 		s.SerializationFailures = cs.Serialization
 	}
-	if w.listener != nil {
-		ls := w.listener.Stats()
+	if l != nil {
+		ls := l.Stats()
 		s.ListenerReconnects, s.Listening = ls.Reconnects, ls.Connected
 	}
 	return s

@@ -814,3 +814,38 @@ func TestCancelDuringListenerOutage(t *testing.T) {
 		t.Fatal("row not cancelled")
 	}
 }
+
+// Stats may be read while Start sets the worker up (a metrics endpoint that
+// serves before the worker has started): -race checks it.
+func TestStatsDuringStart(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	w, err := worker.New(pool, &worker.Config{Handler: noop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for {
+			_ = w.Stats()
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	}()
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(done)
+	<-read
+	settled(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
