@@ -183,19 +183,6 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 // yet: rows the database shows as held by an idle slot may be on their way.
 func (c *Claimer) InFlight() bool { return c.inFlight.Load() > 0 }
 
-// Claim sends one claim query: at most one row for each of workerIDs. A lost
-// race returns no rows and a nil error.
-func (c *Claimer) Claim(ctx context.Context, workerIDs []string) ([]Row, error) {
-	if len(workerIDs) == 0 {
-		return nil, nil
-	}
-	rows, err := c.claim(ctx, workerIDs)
-	if err != nil && !RaceLost(err) {
-		return nil, err
-	}
-	return rows, nil
-}
-
 func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) {
 	defer c.claims.Add(1) // counted once answered, so that a count includes its outcome
 	sql, ids := sqlClaim, any(workerIDs)
