@@ -177,6 +177,25 @@ func TestKillDashNine(t *testing.T) {
 	if code := victim.Wait(30 * time.Second); code != -1 {
 		t.Fatalf("the victim exited %d, want death by SIGKILL", code)
 	}
+	// The victim's programs outlive it (they run in their own process
+	// groups); under systemd, KillMode=mixed kills what is left of the unit.
+	// Do the same here: a leftover still waiting at a gate would take the
+	// survivor's turn through the FIFO.
+	for _, id := range []int64{1, 2} {
+		for _, pid := range s.backendPIDs(id) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	s.waitFor(time.Minute, "the victim's programs to end", func() bool {
+		for _, id := range []int64{1, 2} {
+			for _, pid := range s.backendPIDs(id) {
+				if alive(pid) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 	// The survivor's slots are busy until rows 3 and 4 finish; rows 1 and 2
 	// come back when the victim's lease runs out, and the survivor takes them.
 	for _, id := range []int64{3, 4, 1, 2} {
