@@ -52,7 +52,7 @@ echo "{\"row\": $1}"
 `)
 	// The victim does two rows, then blocks in its third, where it is killed.
 	victimCmd := s.script("py-victim", `echo "$1" >> `+d+`/victim-rows
-if [ "$(wc -l < `+d+`/victim-rows)" -ge 3 ]; then
+if [ $(wc -l < `+d+`/victim-rows) -ge 3 ]; then
 	echo "$1 $$" > `+d+`/victim-held.tmp && mv `+d+`/victim-held.tmp `+d+`/victim-held
 	exec sleep 600
 fi
