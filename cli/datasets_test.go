@@ -198,6 +198,14 @@ func TestResults(t *testing.T) {
 	}
 	fails(t, url, "", 1, []string{"does not match its manifest"}, "results", "--batch", "r", "--download", t.TempDir(), "--output-store", "file://"+store)
 	fails(t, url, "", 2, []string{"--output-store"}, "results", "--batch", "r", "--download", t.TempDir())
+	// A manifest naming a key that leads out of the directory is refused
+	// before anything is written.
+	exec(t, pool, `UPDATE files.files SET result = '{"outputs": [{"key": "../../escape.txt", "size": 8}]}' WHERE id = $1`, ids[1])
+	out := t.TempDir()
+	fails(t, url, "", 1, []string{"escape.txt"}, "results", "--batch", "r", "--download", filepath.Join(out, "d"), "--output-store", "file://"+store)
+	if entries, _ := os.ReadDir(out); len(entries) != 1 {
+		t.Errorf("%d entries next to the download directory, want only it", len(entries))
+	}
 	fails(t, url, "", 1, []string{"no such batch"}, "results", "--batch", "nope")
 	fails(t, url, "", 2, []string{"--format"}, "results", "--batch", "r", "--format", "xml")
 }
