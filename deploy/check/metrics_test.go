@@ -284,8 +284,8 @@ func TestScrapeSeesEveryKind(t *testing.T) {
 	}
 }
 
-// used names each metric name an alerting rule or a panel must use, by the
-// condition it watches.
+// alertTopics names, for each condition that must page or warn, the metrics
+// that some alerting rule has to select.
 var alertTopics = map[string][]string{
 	"silent workers holding rows": {"pgworker_queue_running_rows", "pgworker_slots_busy"},
 	"a queue's failure rate":      {"pgworker_rows_failed_total", "pgworker_rows_done_total"},
