@@ -10,5 +10,6 @@
 // role its Secret names, build pgworker as deploy/docker/Dockerfile does,
 // and check every metric that deploy/prometheus/alerts.yaml and
 // deploy/grafana/pgworker.json name against a scrape of a running
-// `pgworker run`.
+// `pgworker run`; Prometheus' engine evaluates each alert on a healthy fleet
+// and on the trouble it is for.
 package check
