@@ -328,9 +328,13 @@ func TestDeployment(t *testing.T) {
 		t.Fatalf("the work directory %s is on no emptyDir volume (the root file system is read-only)", work)
 	}
 	for _, vm := range c.VolumeMounts {
-		if vm.MountPath != "/var/lib/pgworker" && !vm.ReadOnly {
-			t.Errorf("volume %s at %s is writable: only the work volume should be", vm.Name, vm.MountPath)
+		v := mountFor(t, m, c, vm.MountPath)
+		if !vm.ReadOnly && (v == nil || v.EmptyDir == nil) {
+			t.Errorf("volume %s at %s is writable and outlives the pod: only emptyDir volumes should be writable", vm.Name, vm.MountPath)
 		}
+	}
+	if v := mountFor(t, m, c, "/tmp"); v == nil || v.EmptyDir == nil {
+		t.Error("no writable /tmp: programs that write temporary files would fail on the read-only root")
 	}
 
 	// Probes: /healthz and /readyz on the metrics address.
