@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,7 +37,11 @@ var (
 // shares one process.
 func exportedNames(t *testing.T) map[string]bool {
 	t.Helper()
-	scrapeOnce.Do(func() { scrapeNames, scrapeErr = scrapeRunningWorker(t) })
+	scrapeOnce.Do(func() {
+		// Stays when scrapeRunningWorker stops the test that called it first.
+		scrapeErr = errors.New("the scrape of pgworker run failed in an earlier test")
+		scrapeNames, scrapeErr = scrapeRunningWorker(t)
+	})
 	if scrapeErr != nil {
 		t.Fatal(scrapeErr)
 	}
