@@ -25,12 +25,12 @@ demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exi
 	$(GO) run ./internal/cmd/demo --pgworker $(BIN)/pgworker
 
 .PHONY: test
-test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO servers, deploy/check's too
-	$(WITH_SERVICES) sh -c '$(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./... && cd deploy/check && $(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./...'
+test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO servers, and deploy/check's
+	$(WITH_SERVICES) sh -c '$(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./... && cd deploy/check && $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) ./...'
 
 .PHONY: test-deploy
 test-deploy: ## Check the Kubernetes, KEDA, Docker, Prometheus and Grafana files (the module deploy/check) against a throwaway PostgreSQL
-	$(WITH_SERVICES) sh -c 'cd deploy/check && $(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./...'
+	$(WITH_SERVICES) sh -c 'cd deploy/check && $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) ./...'
 
 .PHONY: test-short
 test-short: ## Run the tests without the slow ones (-short)
