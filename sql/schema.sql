@@ -877,7 +877,8 @@ BEGIN
             claim_token_hash = NULL
         WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
           AND f.claim_token_hash = sha256(convert_to(complete.token, 'UTF8'))
-        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.payload
+        RETURNING f.id, f.claimed_at, f.batch, f.priority,
+                  CASE WHEN complete.then_queue IS NOT NULL THEN f.payload END AS payload
     ), next AS (
         INSERT INTO files.files (queue, priority, payload, source, unique_key, batch)
         SELECT complete.then_queue, d.priority, d.payload, o.key, o.key, d.batch
@@ -950,7 +951,10 @@ BEGIN
               ORDER BY x.id) u
         WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
           AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
-        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.payload, f.result
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority,
+                  -- Only a stage that feeds the next needs them.
+                  CASE WHEN complete_many.then_queue IS NOT NULL THEN f.payload END AS payload,
+                  CASE WHEN complete_many.then_queue IS NOT NULL THEN u.result END AS result
     ), next AS (
         INSERT INTO files.files (queue, priority, payload, source, unique_key, batch)
         SELECT complete_many.then_queue, d.priority, d.payload, o.key, o.key, d.batch
