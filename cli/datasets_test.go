@@ -177,6 +177,12 @@ func TestResults(t *testing.T) {
 	if lines[0]["source"] != "in/1" || len(lines[0]["outputs"].([]any)) != 2 || lines[2]["state"] != "failed" || lines[2]["last_error"] != "bad <input>" {
 		t.Errorf("lines: %v", lines)
 	}
+	if out := ok(t, url, "", "results", "--batch", "r", "--queue", "q"); out != "" {
+		t.Errorf("rows of batch r in queue q: %q, want none", out)
+	}
+	if n := strings.Count(ok(t, url, "", "results", "--batch", "r", "--queue", "q", "--queue", "r"), "\n"); n != 3 {
+		t.Errorf("rows of batch r in queues q and r: %d lines, want 3", n)
+	}
 	csvOut := ok(t, url, "", "results", "--batch", "r", "--format", "csv", "--state", "failed")
 	if want := "id,queue,source,state,attempts,outputs,last_error\n"; !strings.HasPrefix(csvOut, want) || strings.Count(csvOut, "\n") != 2 || !strings.Contains(csvOut, ",failed,1,[],bad <input>") {
 		t.Errorf("csv:\n%s", csvOut)

@@ -40,6 +40,7 @@ SELECT f.id, f.queue, f.source, f.state, f.attempt, f.result, f.last_error, f.fi
 FROM files.files f
 WHERE f.id > $2 AND f.id <= $3 AND f.batch = $1
   AND ($4::text[] IS NULL OR f.state = ANY ($4))
+  AND ($6::text[] IS NULL OR f.queue = ANY ($6))
 ORDER BY f.id
 LIMIT $5`
 )
@@ -189,6 +190,9 @@ type Asset struct {
 type ResultsOpts struct {
 	// States keeps only rows in these states. Defaults to all.
 	States []string
+	// Queues keeps only rows of these queues (the stages of a chain are
+	// queues of one batch). Defaults to all.
+	Queues []string
 	// PageSize is how many rows one query reads. Defaults to 5000.
 	PageSize int
 }
@@ -208,9 +212,10 @@ func (c *Client) Results(ctx context.Context, batch string, opts *ResultsOpts, f
 	if err != nil {
 		return fmt.Errorf("results of %q: %w", batch, err)
 	}
-	var states []string
+	var states, queues []string
 	page := 5000
 	if opts != nil {
+		queues = opts.Queues
 		for _, s := range opts.States {
 			if !validState(s) {
 				return fmt.Errorf("state %q: give pending, running, done, failed or cancelled", s)
@@ -223,7 +228,7 @@ func (c *Client) Results(ctx context.Context, batch string, opts *ResultsOpts, f
 	}
 	after := first - 1
 	for {
-		n, seen, err := c.resultsPage(ctx, batch, after, last, states, page, fn)
+		n, seen, err := c.resultsPage(ctx, batch, after, last, states, queues, page, fn)
 		if err != nil || n < page {
 			return err
 		}
@@ -231,8 +236,8 @@ func (c *Client) Results(ctx context.Context, batch string, opts *ResultsOpts, f
 	}
 }
 
-func (c *Client) resultsPage(ctx context.Context, batch string, after, upTo int64, states []string, page int, fn func(*ResultRow) error) (int, int64, error) {
-	rows, err := c.db.Query(ctx, sqlBatchRows, batch, after, upTo, states, page)
+func (c *Client) resultsPage(ctx context.Context, batch string, after, upTo int64, states, queues []string, page int, fn func(*ResultRow) error) (int, int64, error) {
+	rows, err := c.db.Query(ctx, sqlBatchRows, batch, after, upTo, states, page, queues)
 	if err != nil {
 		return 0, 0, fmt.Errorf("results of %q: %w", batch, err)
 	}
