@@ -84,7 +84,7 @@ func TestFleet(t *testing.T) {
 
 	sources := append(append([]string{}, keys...), keys[:100]...)
 	res := s.Pgworker(strings.NewReader(strings.Join(sources, "\n")+"\n"), "enqueue", "--no-key", "--chunk-size", "128")
-	if res.Code != 0 || !strings.Contains(res.Stdout, "queued 300,") {
+	if res.Code != 0 || !strings.Contains(res.Stdout, "queued 300 rows") {
 		t.Fatalf("enqueue: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 	start := time.Now()
