@@ -209,7 +209,7 @@ func (c *Client) EnqueueMany(ctx context.Context, sources []string, opts *Enqueu
 		return 0, fmt.Errorf("enqueue: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit: a no-op
-	n, err := copyRows(ctx, tx, sources, r)
+	n, err := c.copyRows(ctx, tx, sources, r)
 	if err != nil {
 		return 0, err
 	}
@@ -227,7 +227,7 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, sources []string,
 	if err != nil || len(sources) == 0 {
 		return 0, err
 	}
-	return copyRows(ctx, tx, sources, r)
+	return c.copyRows(ctx, tx, sources, r)
 }
 
 func checkMany(sources []string, opts *EnqueueOpts) (*row, error) {
@@ -246,7 +246,7 @@ func checkMany(sources []string, opts *EnqueueOpts) (*row, error) {
 	return r, nil
 }
 
-func copyRows(ctx context.Context, db executor, sources []string, r *row) (int64, error) {
+func (c *Client) copyRows(ctx context.Context, db executor, sources []string, r *row) (int64, error) {
 	cols := []string{"queue", "priority", "payload", "source"}
 	values := []any{r.queue, r.priority, r.payload, nil}
 	if r.maxAttempts > 0 {
@@ -261,21 +261,46 @@ func copyRows(ctx context.Context, db executor, sources []string, r *row) (int64
 		cols = append(cols, "batch")
 		values = append(values, *r.batch)
 	}
-	if !r.bySource && r.batch == nil {
+	if !r.bySource {
 		return copyInto(ctx, db, pgx.Identifier{"files", "files"}, cols, &copySource{sources: sources, values: values, i: -1})
 	}
-	if r.bySource {
-		cols = append(cols, "unique_key")
-		values = append(values, nil)
-		sources = distinct(sources)
+	cols = append(cols, "unique_key")
+	values = append(values, nil)
+	sources = distinct(sources)
+	src := &copySource{sources: sources, values: values, i: -1, key: true}
+	// New keys go straight in (the insert trigger refuses one that is
+	// there); once a chunk met keys that were there, chunks go through the
+	// staged, filtered move until one finds none.
+	if !c.keysSeen.Load() {
+		var n int64
+		err := pgx.BeginFunc(ctx, db, func(sp pgx.Tx) error {
+			var err error
+			n, err = copyInto(ctx, sp, pgx.Identifier{"files", "files"}, cols, src)
+			return err
+		})
+		if !isUniqueViolation(err) {
+			return n, err
+		}
+		c.keysSeen.Store(true)
+		src.i = -1
 	}
+	n, err := moveIn(ctx, db, cols, src)
+	if err == nil && n == int64(len(sources)) {
+		c.keysSeen.Store(false)
+	}
+	return n, err
+}
+
+// moveIn copies the rows into a temporary table and moves those whose key
+// is not in the queue into files.files, in their order.
+func moveIn(ctx context.Context, db executor, cols []string, src *copySource) (int64, error) {
 	if _, err := db.Exec(ctx, sqlStage); err != nil {
 		return 0, fmt.Errorf("enqueue: %w", err)
 	}
 	if _, err := db.Exec(ctx, sqlUnstage); err != nil {
 		return 0, fmt.Errorf("enqueue: %w", err)
 	}
-	if _, err := copyInto(ctx, db, pgx.Identifier{"pgworker_staged"}, cols, &copySource{sources: sources, values: values, i: -1, key: r.bySource}); err != nil {
+	if _, err := copyInto(ctx, db, pgx.Identifier{"pgworker_staged"}, cols, src); err != nil {
 		return 0, err
 	}
 	// A key taken meanwhile by another session fails the move; it goes

@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -73,6 +74,9 @@ type Config struct {
 type Client struct {
 	db     DB
 	logger *slog.Logger
+	// keysSeen: the last keyed chunk met keys already in the queue, so the
+	// next goes through the filtered move rather than straight in.
+	keysSeen atomic.Bool
 }
 
 // New returns a Client that runs its statements on db.
