@@ -1,0 +1,190 @@
+package dashboard_test
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pgworker/pgworker/dashboard"
+)
+
+func TestPagesShowTheDatabase(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, nil)
+	ids := s.enqueue("thumbs", "a.jpg", "b.jpg", "c.jpg")
+	s.complete(s.claim("node1:1:0", "thumbs"), `{"outputs": []}`)
+	s.fail(s.claim("node1:1:0", "thumbs"), "convert: no decode delegate\nsecond line", "stderr: bad header")
+	held := s.claim("node1:1:1", "thumbs")
+	s.refresh()
+
+	_, body, hdr := s.get("/")
+	for _, want := range []string{`data-queue="thumbs"`, `value="2" max="3"`, "2</span> of <span class=\"total\">3</span>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("overview lacks %q:\n%s", want, body)
+		}
+	}
+	csp := hdr.Get("Content-Security-Policy")
+	for _, want := range []string{"script-src 'self'", "frame-ancestors 'none'"} {
+		if !strings.Contains(csp, want) {
+			t.Errorf("CSP %q lacks %q", csp, want)
+		}
+	}
+	if hdr.Get("X-Content-Type-Options") != "nosniff" {
+		t.Errorf("X-Content-Type-Options = %q", hdr.Get("X-Content-Type-Options"))
+	}
+
+	_, body, _ = s.get("/workers")
+	for _, want := range []string{"node1:1:1", `href="/rows/` + strconv.FormatInt(held.ID, 10) + `"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("workers lacks %q", want)
+		}
+	}
+
+	_, body, _ = s.get("/failures")
+	if !strings.Contains(body, "convert: no decode delegate") || strings.Contains(body, "second line") {
+		t.Errorf("failures should group by the first line of the error:\n%s", body)
+	}
+	code, body, _ := s.get("/failures?group=" + url.QueryEscape("convert: no decode delegate"))
+	if code != 200 || !strings.Contains(body, "stderr: bad header") || !strings.Contains(body, `href="/rows/`+strconv.FormatInt(ids[1], 10)+`"`) {
+		t.Errorf("failure group: %d\n%s", code, body)
+	}
+
+	code, body, _ = s.get("/rows/" + strconv.FormatInt(ids[1], 10))
+	if code != 200 || !strings.Contains(body, "exit code") || !strings.Contains(body, "convert: no decode delegate") {
+		t.Errorf("row page: %d\n%s", code, body)
+	}
+	if code, _, _ := s.get("/rows/999999"); code != http.StatusNotFound {
+		t.Errorf("missing row: %d, want 404", code)
+	}
+	if code, _, _ := s.get("/rows/x"); code != http.StatusBadRequest {
+		t.Errorf("bad row id: %d, want 400", code)
+	}
+}
+
+func TestHostileStringsAreText(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, nil)
+	hostile := `<script>alert(1)</script><img src=x onerror=alert(2)>"'` + "\x1b[31m\u202e"
+	huge := strings.Repeat("A", 1<<20)
+	queue := `<b>q</b>"`
+	s.enqueue(queue, hostile, huge)
+	c := s.claim("<script>w</script>", queue)
+	s.fail(c, hostile+"\n"+huge, hostile+huge)
+	s.refresh()
+
+	for _, path := range []string{"/", "/workers", "/failures", "/failures?group=" + url.QueryEscape(hostile), "/queues",
+		"/rows/" + strconv.FormatInt(c.ID, 10), "/rows/" + strconv.FormatInt(c.ID+1, 10)} {
+		code, body, _ := s.get(path)
+		if code != 200 {
+			t.Errorf("%s: %d", path, code)
+		}
+		for _, bad := range []string{"<script>alert", "<img src=x", "<b>q</b>", "\x1b", "\u202e"} {
+			if strings.Contains(body, bad) {
+				t.Errorf("%s holds %q unescaped", path, bad)
+			}
+		}
+		if len(body) > 200_000 {
+			t.Errorf("%s is %d bytes: the 1 MB strings were not cut", path, len(body))
+		}
+	}
+}
+
+func TestActionsAreRefusedWhenOff(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, nil)
+	ids := s.enqueue("q", "a")
+	c := s.csrf
+	_ = c
+	code, _ := s.post("/actions/cancel", url.Values{"id": {strconv.FormatInt(ids[0], 10)}},
+		http.Header{"Authorization": {"Bearer " + testToken}})
+	if code != http.StatusForbidden {
+		t.Errorf("cancel on a read-only dashboard: %d, want 403", code)
+	}
+	if code, _ := s.post("/actions/cancel", nil, nil); code != http.StatusForbidden {
+		t.Errorf("%d", code)
+	}
+	if code, _, _ := s.get("/actions/cancel"); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET of an action: %d, want 405", code)
+	}
+	var state string
+	s.pool.QueryRow(t.Context(), "SELECT state FROM files.files WHERE id = $1", ids[0]).Scan(&state)
+	if state != "pending" {
+		t.Errorf("state %s", state)
+	}
+}
+
+func TestActionsNeedTokenAndCSRF(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, &dashboard.Config{AllowActions: true, Token: testToken})
+	ids := s.enqueue("q", "a", "b")
+	cookie := s.csrf()
+	id := strconv.FormatInt(ids[0], 10)
+	form := url.Values{"id": {id}, "csrf": {cookie.Value}}
+	bearer := http.Header{"Authorization": {"Bearer " + testToken}}
+
+	for _, tc := range []struct {
+		name   string
+		form   url.Values
+		header http.Header
+		cookie bool
+		want   int
+	}{
+		{"no auth", form, nil, true, http.StatusUnauthorized},
+		{"wrong token", form, http.Header{"Authorization": {"Bearer wrong-token-0123456789"}}, true, http.StatusUnauthorized},
+		{"basic with wrong password", form, http.Header{"Authorization": {basic("ann", "nope")}}, true, http.StatusUnauthorized},
+		{"no CSRF cookie", form, bearer, false, http.StatusForbidden},
+		{"no CSRF field", url.Values{"id": {id}}, bearer, true, http.StatusForbidden},
+		{"other origin", form, http.Header{"Authorization": {"Bearer " + testToken}, "Origin": {"http://evil.example"}}, true, http.StatusForbidden},
+		{"cross-site fetch", form, http.Header{"Authorization": {"Bearer " + testToken}, "Sec-Fetch-Site": {"cross-site"}}, true, http.StatusForbidden},
+	} {
+		var cookies []*http.Cookie
+		if tc.cookie {
+			cookies = append(cookies, cookie)
+		}
+		if code, _ := s.post("/actions/cancel", tc.form, tc.header, cookies...); code != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, code, tc.want)
+		}
+	}
+	var n int
+	s.pool.QueryRow(t.Context(), "SELECT count(*) FROM files.files WHERE state = 'cancelled'").Scan(&n)
+	if n != 0 {
+		t.Fatalf("%d rows cancelled by refused requests", n)
+	}
+
+	code, body := s.post("/actions/cancel", form, http.Header{"Authorization": {basic("ann", testToken)}}, cookie)
+	if code != 200 || !strings.Contains(body, "Cancelled 1 of the 1 rows") {
+		t.Fatalf("cancel with auth: %d\n%s", code, body)
+	}
+	if !strings.Contains(s.logs.String(), `"user":"ann"`) {
+		t.Errorf("the action is not logged with its user:\n%s", s.logs.String())
+	}
+	code, body = s.post("/actions/retry", form, bearer, cookie)
+	if code != 200 || !strings.Contains(body, "Requeued 1 of the 1 rows") {
+		t.Fatalf("retry: %d\n%s", code, body)
+	}
+	for _, a := range []string{"pause", "resume"} {
+		code, body = s.post("/actions/"+a, url.Values{"queue": {"q"}, "csrf": {cookie.Value}}, bearer, cookie)
+		if code != 200 {
+			t.Fatalf("%s: %d\n%s", a, code, body)
+		}
+	}
+	code, _ = s.post("/actions/resume", url.Values{"queue": {"nope"}, "csrf": {cookie.Value}}, bearer, cookie)
+	if code != http.StatusBadRequest {
+		t.Errorf("resume of a missing queue: %d, want 400", code)
+	}
+}
+
+func TestNewRefusesActionsWithoutToken(t *testing.T) {
+	t.Parallel()
+	if _, err := dashboard.New(nil, &dashboard.Config{AllowActions: true, Token: "short"}); err != dashboard.ErrNoToken {
+		t.Fatalf("New: %v, want ErrNoToken", err)
+	}
+}
+
+func basic(user, pass string) string {
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.SetBasicAuth(user, pass)
+	return r.Header.Get("Authorization")
+}
