@@ -23,6 +23,9 @@ const (
 	// maxActionIDs bounds the rows of one action.
 	maxActionIDs = 10_000
 	realm        = `Basic realm="pgworker dashboard", charset="UTF-8"`
+	// bearerRealm answers a refused action: browsers show the page (which
+	// says to sign in) rather than prompt and replay the form.
+	bearerRealm = `Bearer realm="pgworker dashboard"`
 )
 
 // csrfCookie returns the request's CSRF token, setting a new one in a
@@ -102,7 +105,7 @@ func (d *Dashboard) action(w http.ResponseWriter, r *http.Request) {
 	who, ok := d.user(r)
 	if !ok {
 		d.logger.Warn("dashboard: action refused: not authenticated", "action", name, "remote", r.RemoteAddr)
-		w.Header().Set("WWW-Authenticate", realm)
+		w.Header().Set("WWW-Authenticate", bearerRealm)
 		d.message(w, http.StatusUnauthorized, "Not signed in", "Actions need the dashboard's token: sign in at /login, or send it as a bearer header.", "/login")
 		return
 	}

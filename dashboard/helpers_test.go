@@ -149,6 +149,16 @@ func (s *stack) refresh() {
 	}
 }
 
+// state returns the state of row id.
+func (s *stack) state(id int64) string {
+	s.t.Helper()
+	var st string
+	if err := s.pool.QueryRow(context.Background(), "SELECT state FROM files.files WHERE id = $1", id).Scan(&st); err != nil {
+		s.t.Fatal(err)
+	}
+	return st
+}
+
 // get fetches a page and returns its status and body.
 func (s *stack) get(path string) (int, string, http.Header) {
 	s.t.Helper()

@@ -60,8 +60,14 @@
     }
     setConn(ev.ok ? "ok" : "down", ev.ok ? "live" : "database down");
     if (body.hasAttribute("data-reload-on-recovery") && hadBanner && ev.ok) {
-      window.location.reload();
-      return;
+      // The database answers again: load the page anew, at most every few
+      // seconds should the page itself keep failing.
+      var last = Number(window.sessionStorage.getItem("pgwReloadedAt") || 0);
+      if (Date.now() - last > 5000) {
+        window.sessionStorage.setItem("pgwReloadedAt", String(Date.now()));
+        window.location.reload();
+        return;
+      }
     }
     if (ev.html !== lastHTML && !body.hasAttribute("data-reload-on-recovery")) {
       live.innerHTML = ev.html;
