@@ -204,10 +204,10 @@ func (tb *tab) authenticate(token string) {
 	}
 }
 
-// screenshot writes a PNG of the whole page to path.
+// screenshot writes a PNG of the viewport to path.
 func (tb *tab) screenshot(path string) {
 	tb.t.Helper()
-	png, err := chromedp.Run(tb.ctx, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(tb.ctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		tb.t.Fatal(err)
 	}

@@ -216,6 +216,8 @@ func (d *Dashboard) Refresh(ctx context.Context) error {
 type Stats struct {
 	// Refreshes is how many times the loop read the database.
 	Refreshes uint64
+	// RefreshTime is the time the refreshes took, in all.
+	RefreshTime time.Duration
 	// Queries is how many statements the loop sent.
 	Queries uint64
 	// PageQueries is how many statements the pages that read rows

@@ -50,13 +50,13 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 		if s.gen == sent && sent != 0 {
 			return true
 		}
-		b, err := d.fragment(s, page)
+		f, err := d.fragment(s, page)
 		if err != nil {
 			d.logger.Error("dashboard: render event", "page", page, "error", err)
 			return false
 		}
 		sent = s.gen
-		if _, err := fmt.Fprintf(w, "event: snapshot\nid: %d\ndata: %s\n\n", s.gen, b); err != nil {
+		if _, err := fmt.Fprintf(w, "event: snapshot\nid: %d\ndata: %s\n\n", s.gen, f.event); err != nil {
 			return false
 		}
 		fl.Flush()

@@ -99,7 +99,11 @@ func dur(d time.Duration) string {
 	case d < time.Minute:
 		return d.Round(100 * time.Millisecond).String()
 	case d < time.Hour:
-		return strings.TrimSuffix(d.Round(time.Second).String(), "m0s")
+		text := d.Round(time.Second).String()
+		if strings.HasSuffix(text, "m0s") {
+			text = strings.TrimSuffix(text, "0s")
+		}
+		return text
 	case d < 48*time.Hour:
 		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 	}

@@ -25,7 +25,7 @@ const testToken = "test-token-0123456789abcdef"
 // stack is one test's dashboard on a database of its own, served over
 // HTTP on a loopback port.
 type stack struct {
-	t    *testing.T
+	t    testing.TB
 	pool *pgxpool.Pool
 	dash *dashboard.Dashboard
 	srv  *httptest.Server
@@ -34,7 +34,7 @@ type stack struct {
 
 // newStack starts a dashboard with cfg (nil: defaults with quick
 // refreshes) on pool (nil: a fresh database).
-func newStack(t *testing.T, pool *pgxpool.Pool, cfg *dashboard.Config) *stack {
+func newStack(t testing.TB, pool *pgxpool.Pool, cfg *dashboard.Config) *stack {
 	t.Helper()
 	if pool == nil {
 		pool = pgtest.Pool(t)
@@ -123,7 +123,7 @@ func (s *stack) claim(worker, queue string) claimed {
 func (s *stack) complete(c claimed, result string) {
 	s.t.Helper()
 	var ok bool
-	if err := s.pool.QueryRow(context.Background(), `SELECT files.complete($1, $2, $3, $4, $5::jsonb, '{"exit_code": 0}')`,
+	if err := s.pool.QueryRow(context.Background(), `SELECT files.complete($1, $2, $3, $4, $5::jsonb, '{"exit_code": 0, "duration_ms": 18250}')`,
 		c.ID, c.Worker, c.Attempt, c.Token, result).Scan(&ok); err != nil || !ok {
 		s.t.Fatalf("complete %d: %v %v", c.ID, ok, err)
 	}
@@ -131,7 +131,7 @@ func (s *stack) complete(c claimed, result string) {
 
 func (s *stack) fail(c claimed, msg, stderr string) {
 	s.t.Helper()
-	report, _ := json.Marshal(map[string]any{"exit_code": 3, "stderr_tail": stderr})
+	report, _ := json.Marshal(map[string]any{"exit_code": 3, "duration_ms": 4100, "stderr_tail": stderr})
 	var ok bool
 	if err := s.pool.QueryRow(context.Background(), `SELECT files.fail($1, $2, $3, $4, $5, false, $6)`,
 		c.ID, c.Worker, c.Attempt, c.Token, msg, report).Scan(&ok); err != nil || !ok {
@@ -270,7 +270,7 @@ func (e *sse) next() (sseEvent, error) {
 }
 
 // await reads events until one satisfies cond.
-func (e *sse) await(t *testing.T, what string, cond func(sseEvent) bool) sseEvent {
+func (e *sse) await(t testing.TB, what string, cond func(sseEvent) bool) sseEvent {
 	t.Helper()
 	for {
 		ev, err := e.next()

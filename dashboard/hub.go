@@ -31,7 +31,7 @@ type snapshot struct {
 	slowRead bool      // groups and chart were read at least once
 
 	mu    sync.Mutex
-	frags map[string][]byte // rendered event payloads by page
+	frags map[string]*frag // rendered live parts by page
 }
 
 // hub is the refresh loop that every page and stream shares.
@@ -47,6 +47,7 @@ type hub struct {
 	closed  bool
 
 	refreshes, queries, pageQueries atomic.Uint64
+	refreshNanos                    atomic.Int64
 }
 
 func newHub(d *Dashboard) *hub {
@@ -64,6 +65,7 @@ func (h *hub) stats() Stats {
 	defer h.mu.Unlock()
 	return Stats{
 		Refreshes:   h.refreshes.Load(),
+		RefreshTime: time.Duration(h.refreshNanos.Load()),
 		Queries:     h.queries.Load(),
 		PageQueries: h.pageQueries.Load(),
 		Streams:     len(h.streams),
@@ -125,13 +127,17 @@ func (h *hub) ask(slow bool) {
 }
 
 // run refreshes on notifications, on demand, and every Interval while a
-// stream is open, at most once per MinInterval, until ctx ends.
+// stream is open, at most once per MinInterval (or twice the time the last
+// refresh took), until ctx ends.
 func (h *hub) run(ctx context.Context) {
 	sub := h.d.lis.Subscribe() // every queue; also rung after each (re)connect
 	defer sub.Close()
 	tick := time.NewTicker(h.d.cfg.Interval)
 	defer tick.Stop()
-	var last time.Time
+	var (
+		last time.Time     // when the last refresh started
+		took time.Duration // how long it took
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -143,7 +149,10 @@ func (h *hub) run(ctx context.Context) {
 				continue
 			}
 		}
-		if wait := time.Until(last.Add(h.d.cfg.MinInterval)); wait > 0 {
+		// Twice as long as the last refresh took, at least: on a table so
+		// large that the views take seconds, the database does other
+		// work at least two thirds of the time.
+		if wait := time.Until(last.Add(max(h.d.cfg.MinInterval, 2*took))); wait > 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -161,6 +170,8 @@ func (h *hub) run(ctx context.Context) {
 		}
 		last = time.Now()
 		h.refresh(ctx)
+		took = time.Since(last)
+		h.refreshNanos.Add(int64(took))
 	}
 }
 

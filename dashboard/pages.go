@@ -57,6 +57,7 @@ func (d *Dashboard) overview(r *http.Request, p *pageData) (string, int) {
 	s := d.snap(r)
 	*p = pageData{CSRF: p.CSRF, Title: "Overview", Nav: "overview", Live: "overview", Chart: true,
 		Banner: snapshotBanner(s), Body: newOverview(s)}
+	d.withLive(p, s)
 	return "overview", http.StatusOK
 }
 
@@ -91,6 +92,7 @@ func (d *Dashboard) workers(r *http.Request, p *pageData) (string, int) {
 	s := d.snap(r)
 	*p = pageData{CSRF: p.CSRF, Title: "Workers", Nav: "workers", Live: "workers", Banner: snapshotBanner(s),
 		Body: newWorkersBody(s)}
+	d.withLive(p, s)
 	return "workers", http.StatusOK
 }
 
@@ -100,10 +102,16 @@ type failureGroups struct {
 	Groups    []failureGroup
 	ReadAt    string
 	MaxGroups int
+	Newest    int64 // failed rows grouped, at most
+	Failed    int64 // failed rows in all
 }
 
 func newFailureGroups(s *snapshot) failureGroups {
-	return failureGroups{Groups: s.groups, ReadAt: ts(s.slowAt), MaxGroups: maxGroups}
+	g := failureGroups{Groups: s.groups, ReadAt: ts(s.slowAt), MaxGroups: maxGroups, Newest: groupedFailures}
+	for _, q := range s.queues {
+		g.Failed += q.Failed
+	}
+	return g
 }
 
 type failuresBody struct {
@@ -116,6 +124,7 @@ func (d *Dashboard) failures(r *http.Request, p *pageData) (string, int) {
 	body := &failuresBody{failureGroups: newFailureGroups(s)}
 	*p = pageData{CSRF: p.CSRF, Title: "Failures", Nav: "failures", Live: "failures", Banner: snapshotBanner(s),
 		Body: body, Return: r.URL.RequestURI()}
+	d.withLive(p, s)
 	q := r.URL.Query()
 	if !q.Has("group") {
 		return "failures", http.StatusOK

@@ -26,14 +26,16 @@ WHERE w.state IN ('active', 'draining')
 ORDER BY w.node NULLS LAST, w.pid NULLS LAST, w.slot NULLS LAST, w.worker_id, f.id
 LIMIT $1`
 
-	// Failed rows grouped by the first line of their error; at most $1
-	// groups, the largest first.
+	// The newest $3 failed rows grouped by the first line of their error;
+	// at most $1 groups, the largest first. The newest, read backwards
+	// along the primary key: the cost follows $3 and how rare failures
+	// are, not the table's size.
 	sqlFailureGroups = `
 SELECT left(split_part(coalesce(f.last_error, ''), E'\n', 1), $2) AS error,
        count(*) AS files, max(f.id) AS newest, max(f.finished_at) AS last_failed,
        (array_agg(DISTINCT f.queue))[1:5] AS queues
-FROM files.files f
-WHERE f.state = 'failed'
+FROM (SELECT x.id, x.queue, x.last_error, x.finished_at FROM files.files x
+      WHERE x.state = 'failed' ORDER BY x.id DESC LIMIT $3) f
 GROUP BY 1
 ORDER BY count(*) DESC, 1
 LIMIT $1`
@@ -87,6 +89,7 @@ LIMIT $2`
 const (
 	maxWorkers      = 5000    // slots listed
 	maxGroups       = 100     // failure groups
+	groupedFailures = 10_000  // newest failed rows grouped
 	groupKeyChars   = 200     // characters of an error that name its group
 	failurePage     = 50      // rows per page of a failure group
 	chartAttempts   = 100_000 // newest attempts read for the chart

@@ -190,7 +190,7 @@ func (n *nodeView) add(s slotView) {
 }
 
 func readFailureGroups(ctx context.Context, tx pgx.Tx) ([]failureGroup, error) {
-	rows, err := tx.Query(ctx, sqlFailureGroups, maxGroups, groupKeyChars)
+	rows, err := tx.Query(ctx, sqlFailureGroups, maxGroups, groupKeyChars, groupedFailures)
 	if err != nil {
 		return nil, err
 	}

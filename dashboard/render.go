@@ -46,7 +46,10 @@ type pageData struct {
 	// ReloadOnRecovery reloads the page when the database answers again:
 	// pages whose content is not live.
 	ReloadOnRecovery bool
-	Body             any
+	// LiveHTML is the live part, when rendered already (from the cache of
+	// a snapshot); else the page's "live" template renders it.
+	LiveHTML template.HTML
+	Body     any
 }
 
 // banner is the outage notice.
@@ -104,13 +107,20 @@ type event struct {
 	Chart *chartData `json:"chart,omitempty"`
 }
 
-// fragment returns the event of page for snapshot s, rendered once per
-// snapshot and page however many streams send it.
-func (d *Dashboard) fragment(s *snapshot, page string) ([]byte, error) {
+// frag is a page's live part rendered from one snapshot: as HTML for the
+// page, and as the event that streams send.
+type frag struct {
+	html  template.HTML
+	event []byte
+}
+
+// fragment returns the live part of page for snapshot s, rendered once per
+// snapshot and page however many pages and streams show it.
+func (d *Dashboard) fragment(s *snapshot, page string) (*frag, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b, ok := s.frags[page]; ok {
-		return b, nil
+	if f, ok := s.frags[page]; ok {
+		return f, nil
 	}
 	p := d.livePage(s, page)
 	var buf bytes.Buffer
@@ -126,10 +136,21 @@ func (d *Dashboard) fragment(s *snapshot, page string) ([]byte, error) {
 		return nil, err
 	}
 	if s.frags == nil {
-		s.frags = map[string][]byte{}
+		s.frags = map[string]*frag{}
 	}
-	s.frags[page] = b
-	return b, nil
+	//nolint:gosec // rendered by html/template above, which escaped every value
+	f := &frag{html: template.HTML(buf.String()), event: b}
+	s.frags[page] = f
+	return f, nil
+}
+
+// withLive sets p's live part from the cache of s.
+func (d *Dashboard) withLive(p *pageData, s *snapshot) {
+	if f, err := d.fragment(s, p.Live); err == nil {
+		p.LiveHTML = f.html
+	} else {
+		d.logger.Error("dashboard: render live part", "page", p.Live, "error", err)
+	}
 }
 
 // livePage is the data of page's live part, from s alone.
