@@ -1,6 +1,7 @@
 package dashboard_test
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -8,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/pgworker/pgworker/dashboard"
+	"github.com/pgworker/pgworker/internal/pgtest"
+	"github.com/pgworker/pgworker/internal/testhelp"
 )
 
 func TestPagesShowTheDatabase(t *testing.T) {
@@ -95,8 +98,6 @@ func TestActionsAreRefusedWhenOff(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, nil, nil)
 	ids := s.enqueue("q", "a")
-	c := s.csrf
-	_ = c
 	code, _ := s.post("/actions/cancel", url.Values{"id": {strconv.FormatInt(ids[0], 10)}},
 		http.Header{"Authorization": {"Bearer " + testToken}})
 	if code != http.StatusForbidden {
@@ -187,4 +188,39 @@ func basic(user, pass string) string {
 	r, _ := http.NewRequest("GET", "/", nil)
 	r.SetBasicAuth(user, pass)
 	return r.Header.Get("Authorization")
+}
+
+// TestReaderRoleIsEnough runs the dashboard as a login that has only
+// pgworker_reader: every page works, and an action says which role it needs.
+func TestReaderRoleIsEnough(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, dbURL)
+	role := "dashboard_reader_" + testhelp.RandomHex(4)
+	if _, err := admin.Exec(t.Context(), "CREATE ROLE "+role+" LOGIN IN ROLE pgworker_reader"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	s := newStack(t, pgtest.PoolFor(t, u.String()), &dashboard.Config{AllowActions: true, Token: testToken})
+	var id int64
+	if err := admin.QueryRow(t.Context(), "INSERT INTO files.files (queue, source) VALUES ('q', 'a') RETURNING id").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	s.refresh()
+	for _, path := range []string{"/", "/workers", "/failures", "/failures?group=x", "/queues", "/rows/" + strconv.FormatInt(id, 10)} {
+		if code, body, _ := s.get(path); code != 200 {
+			t.Errorf("%s as %s: %d\n%s", path, role, code, body)
+		}
+	}
+	cookie := s.csrf()
+	code, body := s.post("/actions/cancel", url.Values{"id": {strconv.FormatInt(id, 10)}, "csrf": {cookie.Value}},
+		http.Header{"Authorization": {"Bearer " + testToken}}, cookie)
+	if code != http.StatusBadGateway || !strings.Contains(body, "pgworker_admin") {
+		t.Errorf("cancel as a reader: %d, want 502 naming pgworker_admin\n%s", code, body)
+	}
 }
