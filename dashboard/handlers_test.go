@@ -224,3 +224,40 @@ func TestReaderRoleIsEnough(t *testing.T) {
 		t.Errorf("cancel as a reader: %d, want 502 naming pgworker_admin\n%s", code, body)
 	}
 }
+
+func TestLogin(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, &dashboard.Config{AllowActions: true, Token: testToken})
+	resp, err := http.Get(s.url("/login"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Basic ") {
+		t.Errorf("login without credentials: %s, WWW-Authenticate %q", resp.Status, resp.Header.Get("WWW-Authenticate"))
+	}
+	req, _ := http.NewRequest("GET", s.url("/login?return=/queues"), nil)
+	req.SetBasicAuth("ann", testToken)
+	resp, err = http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/queues" {
+		t.Errorf("login: %s to %q, want 303 to /queues", resp.Status, resp.Header.Get("Location"))
+	}
+	req, _ = http.NewRequest("GET", s.url("/login?return=//evil.example/x"), nil)
+	req.SetBasicAuth("ann", testToken)
+	resp, err = http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if loc := resp.Header.Get("Location"); loc != "/" {
+		t.Errorf("login returns to %q, want / for another site", loc)
+	}
+	ro := newStack(t, nil, nil)
+	if code, _, _ := ro.get("/login"); code != http.StatusNotFound {
+		t.Errorf("login on a read-only dashboard: %d, want 404", code)
+	}
+}
