@@ -43,6 +43,20 @@ func BenchmarkPages(b *testing.B) {
 		n := after.Refreshes - before.Refreshes
 		b.ReportMetric(float64((after.RefreshTime-before.RefreshTime).Microseconds())/1000/float64(n), "ms/refresh")
 	})
+	// What a refresh between two reads of files.queue_stats costs: the
+	// one a notification or the clock starts while somebody watches.
+	b.Run("live-refresh", func(b *testing.B) {
+		st := s.openEvents("overview")
+		last := st.await(b, "the first snapshot", func(sseEvent) bool { return true }).Gen
+		before := s.dash.Stats()
+		for b.Loop() {
+			s.exec(`INSERT INTO files.files (queue, source) VALUES ('bench', 'x')`) // notifies files_pending
+			last = st.await(b, "the refresh", func(ev sseEvent) bool { return ev.Gen > last }).Gen
+		}
+		after := s.dash.Stats()
+		n := after.Refreshes - before.Refreshes
+		b.ReportMetric(float64((after.RefreshTime-before.RefreshTime).Microseconds())/1000/float64(n), "ms/refresh")
+	})
 	for _, p := range []struct{ name, path string }{
 		{"overview", "/"},
 		{"workers", "/workers"},

@@ -13,6 +13,26 @@ FROM files.queue_stats s
 JOIN files.queues q ON q.queue = s.queue
 ORDER BY s.queue`
 
+	// The newest attempt: what a later sqlDoneSince counts from.
+	sqlAttemptMark = `SELECT coalesce(max(a.id), 0) FROM files.attempts a`
+
+	// Pending and running rows per queue, through the partial indexes
+	// files_claim_idx and files_running_idx: the cost follows the backlog
+	// and the slots, not the table's history.
+	sqlBacklog = `
+SELECT f.queue, 'pending' AS state, count(*) FROM files.files f WHERE f.state = 'pending' GROUP BY f.queue
+UNION ALL
+SELECT f.queue, 'running', count(*) FROM files.files f WHERE f.state = 'running' GROUP BY f.queue`
+
+	// Attempts ended done since the attempt $1, per queue: one range of
+	// the primary key of files.attempts.
+	sqlDoneSince = `
+SELECT f.queue, count(*)
+FROM files.attempts a
+JOIN files.files f ON f.id = a.file_id
+WHERE a.id > $1 AND a.outcome = 'done'
+GROUP BY f.queue`
+
 	// Live slots with the row each holds, and the slots that died in the
 	// last hour; at most $1 lines.
 	sqlWorkers = `

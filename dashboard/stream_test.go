@@ -70,3 +70,26 @@ func refreshCost(t *testing.T, n, rows int) dashboard.Stats {
 	after := s.dash.Stats()
 	return dashboard.Stats{Refreshes: after.Refreshes - before.Refreshes, Queries: after.Queries - before.Queries}
 }
+
+// TestCountsMoveBetweenReadsOfQueueStats: between two reads of
+// files.queue_stats (an hour apart here), a refresh moves the counts by
+// the pending and running rows and the attempts done since.
+func TestCountsMoveBetweenReadsOfQueueStats(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, &dashboard.Config{Interval: time.Hour, SlowInterval: time.Hour, MinInterval: 10 * time.Millisecond})
+	s.enqueue("photos", "a.jpg", "b.jpg")
+	c := s.claim("vm:1:0", "photos")
+	s.refresh() // reads files.queue_stats
+	st := s.openEvents("overview")
+	st.await(t, "one running, one pending", func(ev sseEvent) bool {
+		return strings.Contains(ev.HTML, `n-pending">1<`) && strings.Contains(ev.HTML, `n-running">1<`)
+	})
+	s.complete(c, `{}`)
+	s.enqueue("other", "x") // its notification starts a refresh
+	ev := st.await(t, "the row done and the new queue", func(ev sseEvent) bool {
+		return strings.Contains(ev.HTML, `data-queue="other"`)
+	})
+	if !strings.Contains(ev.HTML, `value="1" max="2"`) || !strings.Contains(ev.HTML, `n-done">1<`) {
+		t.Errorf("photos after its row was done, without a read of files.queue_stats:\n%s", ev.HTML)
+	}
+}
