@@ -48,6 +48,8 @@ CREATE TABLE files.files (
     last_error        text,
     claim_token       text,
     claim_token_hash  bytea,
+    batch             text,
+    unique_key        text,
     CONSTRAINT files_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
     CONSTRAINT files_source_not_empty CHECK (source <> ''),
     CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
@@ -57,7 +59,9 @@ CREATE TABLE files.files (
     CONSTRAINT files_lease_iff_running CHECK ((state = 'running') = (lease_expires_at IS NOT NULL)),
     CONSTRAINT files_attempt_valid CHECK (attempt >= 0),
     CONSTRAINT files_max_attempts_positive CHECK (max_attempts >= 1),
-    CONSTRAINT files_claim_token_never_stored CHECK (claim_token IS NULL)
+    CONSTRAINT files_claim_token_never_stored CHECK (claim_token IS NULL),
+    CONSTRAINT files_batch_valid CHECK (batch <> '' AND length(batch) <= 128 AND batch !~ '[[:cntrl:]]'),
+    CONSTRAINT files_unique_key_valid CHECK (unique_key <> '' AND octet_length(unique_key) <= 4096)
 );
 COMMENT ON TABLE files.files IS
     'The work: one row per input object. Workers take rows with files.claim and finish them with '
@@ -87,6 +91,12 @@ COMMENT ON COLUMN files.files.claim_token IS
     'the secret of that claim, which files.complete, files.fail and files.release require.';
 COMMENT ON COLUMN files.files.claim_token_hash IS
     'SHA-256 of the running attempt''s claim token (of its UTF-8 text).';
+COMMENT ON COLUMN files.files.batch IS
+    'The data set the row belongs to (files.batches, created by the first row that names it); NULL for none. '
+    'Rows that a completion enqueues into the next stage (files.complete''s then_queue) keep their parent''s batch.';
+COMMENT ON COLUMN files.files.unique_key IS
+    'Optional key, unique within the queue as long as the row exists (files.unique_keys): a second row with the same key '
+    'is refused, so an enqueue can run again without queueing twice. pgworker enqueue uses the source.';
 
 -- The claim index: only claimable rows, in claim order. It stays as small as the
 -- backlog however many finished rows the table keeps.
@@ -179,6 +189,69 @@ COMMENT ON COLUMN files.attempts.stderr_tail IS 'The last part of the backend''s
 CREATE INDEX attempts_file_idx ON files.attempts (file_id, attempt);
 COMMENT ON INDEX files.attempts_file_idx IS 'Attempts of a file; fenced outcome updates.';
 
+-- Unique keys live in a table of their own, written once at enqueue: an index
+-- on files.files would take a new entry at every claim and outcome.
+CREATE TABLE files.unique_keys (
+    queue    text   NOT NULL,
+    key      text   NOT NULL,
+    file_id  bigint NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+COMMENT ON TABLE files.unique_keys IS
+    'The unique keys of files.files (its unique_key column) per queue, kept by the triggers of files.files: a row is '
+    'added with its file and deleted with it.';
+COMMENT ON COLUMN files.unique_keys.queue IS 'Queue of the file.';
+COMMENT ON COLUMN files.unique_keys.key IS 'The file''s unique_key.';
+COMMENT ON COLUMN files.unique_keys.file_id IS 'The file (files.files.id).';
+
+-- Batches: named data sets. Their counts are kept as rows end, so that
+-- files.batch_progress answers without reading files.files.
+CREATE TABLE files.batches (
+    batch        text        PRIMARY KEY,
+    labels       jsonb       NOT NULL DEFAULT '{}',
+    total        bigint      NOT NULL DEFAULT 0,
+    first_id     bigint,
+    last_id      bigint,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz,
+    CONSTRAINT batches_batch_valid CHECK (batch <> '' AND length(batch) <= 128 AND batch !~ '[[:cntrl:]]'),
+    CONSTRAINT batches_labels_is_object CHECK (jsonb_typeof(labels) = 'object')
+);
+COMMENT ON TABLE files.batches IS
+    'One row per named batch (data set): created by the first row enqueued with its name, or by an admin with labels. '
+    'Read files.batch_progress for its counts.';
+COMMENT ON COLUMN files.batches.batch IS 'Batch name, as in files.files.batch.';
+COMMENT ON COLUMN files.batches.labels IS 'Free-form JSON object describing the batch (owner, run, ...).';
+COMMENT ON COLUMN files.batches.total IS 'Rows of the batch in files.files, kept by its triggers.';
+COMMENT ON COLUMN files.batches.first_id IS 'Lowest files.files.id the batch has had: with last_id, bounds a scan of its rows.';
+COMMENT ON COLUMN files.batches.last_id IS 'Highest files.files.id the batch has had.';
+COMMENT ON COLUMN files.batches.created_at IS 'When the batch was created.';
+COMMENT ON COLUMN files.batches.finished_at IS
+    'When its last row reached done, failed or cancelled (NOTIFY files_batch then carries its name); NULL while rows are '
+    'open. New rows or a retry open it again.';
+
+CREATE TABLE files.batch_counts (
+    batch      text        NOT NULL,
+    shard      smallint    NOT NULL,
+    done       bigint      NOT NULL DEFAULT 0,
+    failed     bigint      NOT NULL DEFAULT 0,
+    cancelled  bigint      NOT NULL DEFAULT 0,
+    recent     double precision NOT NULL DEFAULT 0,
+    recent_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (batch, shard)
+);
+COMMENT ON TABLE files.batch_counts IS
+    'Ended rows per batch, in up to 32 shards (by server process) so that concurrent outcomes rarely wait on each other. '
+    'Kept by the SQL API (files.tally); files.batch_progress sums the shards.';
+COMMENT ON COLUMN files.batch_counts.batch IS 'Batch name.';
+COMMENT ON COLUMN files.batch_counts.shard IS 'pg_backend_pid() % 32 of the sessions that counted here.';
+COMMENT ON COLUMN files.batch_counts.done IS 'Rows of the batch now done, counted in this shard.';
+COMMENT ON COLUMN files.batch_counts.failed IS 'Rows of the batch now failed, counted in this shard.';
+COMMENT ON COLUMN files.batch_counts.cancelled IS 'Rows of the batch now cancelled, counted in this shard.';
+COMMENT ON COLUMN files.batch_counts.recent IS
+    'Rows ended, decaying with a time constant of 60 s as of recent_at: recent * exp(-age/60) / 60 is the recent rate per second.';
+COMMENT ON COLUMN files.batch_counts.recent_at IS 'When recent was last updated.';
+
 CREATE TABLE files.reap_state (
     singleton        boolean     PRIMARY KEY DEFAULT true,
     fleet_resumed_at timestamptz NOT NULL DEFAULT '-infinity',
@@ -206,6 +279,22 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = n.queue)
     ON CONFLICT DO NOTHING;
 
+    IF EXISTS (SELECT 1 FROM enqueued n WHERE n.unique_key IS NOT NULL) THEN
+        BEGIN
+            INSERT INTO files.unique_keys (queue, key, file_id)
+            SELECT n.queue, n.unique_key, n.id FROM enqueued n WHERE n.unique_key IS NOT NULL;
+        EXCEPTION WHEN unique_violation THEN
+            RAISE EXCEPTION 'files.files: a row with this unique_key is already in its queue'
+                USING ERRCODE = 'unique_violation', DETAIL = SQLERRM,
+                      HINT = 'Skip rows whose key is in files.unique_keys (pgworker enqueue does), or use another key.';
+        END;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM enqueued n WHERE n.batch IS NOT NULL) THEN
+        PERFORM files.batch_rows_added(array_agg(n.batch), array_agg(n.id), array_agg(n.state))
+        FROM enqueued n WHERE n.batch IS NOT NULL;
+    END IF;
+
     PERFORM pg_notify('files_pending', d.queue)
     FROM (SELECT DISTINCT n.queue FROM enqueued n WHERE n.state = 'pending') d;
     RETURN NULL;
@@ -213,7 +302,8 @@ END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.notify_enqueued() IS
-    'Statement trigger on INSERT and COPY: registers new queues and sends one files_pending notification per queue and statement.';
+    'Statement trigger on INSERT and COPY: registers new queues, unique keys and batches, and sends one files_pending '
+    'notification per queue and statement.';
 
 CREATE TRIGGER files_enqueued
     AFTER INSERT ON files.files
@@ -233,28 +323,38 @@ AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         BEGIN
-            TRUNCATE files.attempts;
+            TRUNCATE files.attempts, files.unique_keys, files.batch_counts;
         EXCEPTION WHEN object_in_use THEN
-            -- files.attempts is open in this session: named in the same
+            -- One of them is open in this session: named in the same
             -- TRUNCATE (then already empty) or read by an open cursor.
             DELETE FROM files.attempts;
+            DELETE FROM files.unique_keys;
+            DELETE FROM files.batch_counts;
         END;
+        UPDATE files.batches SET total = 0, first_id = NULL, last_id = NULL WHERE total <> 0;
     ELSE
         DELETE FROM files.attempts a USING gone g WHERE a.file_id = g.id;
+        DELETE FROM files.unique_keys k USING gone g
+        WHERE g.unique_key IS NOT NULL AND k.queue = g.queue AND k.key = g.unique_key AND k.file_id = g.id;
+        IF EXISTS (SELECT 1 FROM gone g WHERE g.batch IS NOT NULL) THEN
+            PERFORM files.batch_rows_deleted(array_agg(g.batch), array_agg(g.state))
+            FROM gone g WHERE g.batch IS NOT NULL;
+        END IF;
     END IF;
     RETURN NULL;
 END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.delete_attempts() IS
-    'Trigger of files.files: the attempts of deleted files go with them (one DELETE per statement), and TRUNCATE files.files empties files.attempts.';
+    'Trigger of files.files: the attempts and unique keys of deleted files go with them and their batches'' counts follow '
+    '(once per statement); TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts.';
 
 CREATE TRIGGER files_delete_attempts AFTER DELETE ON files.files
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts of the deleted rows, once per statement.';
+COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts and unique keys of the deleted rows and counts them out of their batches, once per statement.';
 CREATE TRIGGER files_truncate_attempts AFTER TRUNCATE ON files.files
     FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts too.';
+COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts too.';
 
 -- +goose Down
 DROP SCHEMA files CASCADE;

@@ -111,7 +111,58 @@ COMMENT ON COLUMN files.worker_metrics.mean_duration IS 'Mean processing time of
 COMMENT ON COLUMN files.worker_metrics.p95_duration IS '95th percentile processing time of done and failed attempts.';
 COMMENT ON COLUMN files.worker_metrics.last_seen IS 'Last heartbeat of the slot.';
 
+CREATE VIEW files.batch_progress AS
+WITH running AS (
+    SELECT f.batch, count(*) AS running
+    FROM files.files f
+    WHERE f.state = 'running' AND f.batch IS NOT NULL
+    GROUP BY f.batch
+)
+SELECT b.batch,
+       b.labels,
+       b.total,
+       b.total - c.done - c.failed - c.cancelled - coalesce(r.running, 0) AS pending,
+       coalesce(r.running, 0) AS running,
+       c.done,
+       c.failed,
+       c.cancelled,
+       round(100.0 * (c.done + c.failed + c.cancelled) / nullif(b.total, 0), 1) AS percent,
+       round(c.rate::numeric, 3) AS rate,
+       CASE WHEN b.finished_at IS NULL AND c.rate > 0.001
+            THEN make_interval(secs => round((b.total - c.done - c.failed - c.cancelled) / c.rate))
+       END AS eta,
+       b.created_at,
+       b.finished_at
+FROM files.batches b
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(x.done), 0) AS done,
+           coalesce(sum(x.failed), 0) AS failed,
+           coalesce(sum(x.cancelled), 0) AS cancelled,
+           coalesce(sum(x.recent * exp(-greatest(extract(epoch FROM now() - x.recent_at), 0)::double precision / 60)), 0)
+               / 60 AS rate
+    FROM files.batch_counts x
+    WHERE x.batch = b.batch
+) c
+LEFT JOIN running r ON r.batch = b.batch;
+COMMENT ON VIEW files.batch_progress IS
+    'One line per batch: its rows by state, percent ended, the recent rate and an ETA. Reads the counts that the SQL API '
+    'keeps and the running rows, never the whole of files.files.';
+COMMENT ON COLUMN files.batch_progress.batch IS 'Batch name.';
+COMMENT ON COLUMN files.batch_progress.labels IS 'The batch''s labels.';
+COMMENT ON COLUMN files.batch_progress.total IS 'Rows of the batch.';
+COMMENT ON COLUMN files.batch_progress.pending IS 'Rows waiting to run (including retries waiting for run_after).';
+COMMENT ON COLUMN files.batch_progress.running IS 'Rows held by worker slots now.';
+COMMENT ON COLUMN files.batch_progress.done IS 'Rows done.';
+COMMENT ON COLUMN files.batch_progress.failed IS 'Rows failed for good.';
+COMMENT ON COLUMN files.batch_progress.cancelled IS 'Rows cancelled.';
+COMMENT ON COLUMN files.batch_progress.percent IS 'Ended rows (done, failed, cancelled) as a percentage of total.';
+COMMENT ON COLUMN files.batch_progress.rate IS 'Rows ended per second, averaged over about the last minute.';
+COMMENT ON COLUMN files.batch_progress.eta IS 'Time left at the recent rate; NULL when finished or when nothing ended lately.';
+COMMENT ON COLUMN files.batch_progress.created_at IS 'When the batch was created.';
+COMMENT ON COLUMN files.batch_progress.finished_at IS 'When its last row ended; NULL while rows are open.';
+
 -- +goose Down
+DROP VIEW files.batch_progress;
 DROP VIEW files.worker_metrics;
 DROP VIEW files.queue_stats;
 DROP VIEW files.active_workers;

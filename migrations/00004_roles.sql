@@ -30,13 +30,14 @@ GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
 
 -- Workers run the worker API and read the views; they write only through the API.
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
-GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.reap_state TO pgworker_worker;
+GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.batch_progress, files.reap_state
+    TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
     files.claim(text, text[], integer, text),
     files.get_unprocessed_entry_by_priority(text, text),
     files.claim_batch(text[], text[], text),
-    files.complete(bigint, text, integer, text, jsonb, jsonb),
-    files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[]),
+    files.complete(bigint, text, integer, text, jsonb, jsonb, text),
+    files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[], text),
     files.fail(bigint, text, integer, text, text, boolean, jsonb),
     files.fail_many(bigint[], text[], integer[], text[], text[], boolean[], jsonb[]),
     files.release(bigint, text, integer, text, text),
@@ -54,6 +55,7 @@ GRANT USAGE ON SCHEMA files TO pgworker_admin;
 GRANT pgworker_worker, pgworker_reader TO pgworker_admin;
 GRANT INSERT, DELETE ON files.files TO pgworker_admin;
 GRANT UPDATE (backoff_base, backoff_max) ON files.queues TO pgworker_admin;
+GRANT INSERT (batch, labels), UPDATE (labels) ON files.batches TO pgworker_admin;
 GRANT EXECUTE ON FUNCTION
     files.cancel(bigint[]),
     files.retry(bigint[], text),

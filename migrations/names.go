@@ -1,6 +1,9 @@
 package migrations
 
-import "unicode/utf8"
+import (
+	"unicode"
+	"unicode/utf8"
+)
 
 // Names and rules of schema files that Go code shares with the SQL. The
 // migrations are their source; TestSharedNames fails when these and the
@@ -26,3 +29,22 @@ const (
 	StateFailed    = "failed"    // failed for good
 	StateCancelled = "cancelled" // cancelled by an operator
 )
+
+// MaxBatchNameLength is the most characters a batch name may have (CHECK
+// files_batch_valid of files.files, batches_batch_valid of files.batches).
+const MaxBatchNameLength = 128
+
+// ValidBatchName reports whether files.files and files.batches accept name
+// as a batch: 1 to MaxBatchNameLength characters, none of them a control
+// character.
+func ValidBatchName(name string) bool {
+	if name == "" || utf8.RuneCountInString(name) > MaxBatchNameLength {
+		return false
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}

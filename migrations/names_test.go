@@ -15,6 +15,7 @@ import (
 	"github.com/pgworker/pgworker/internal/pgtest"
 	"github.com/pgworker/pgworker/listener"
 	"github.com/pgworker/pgworker/migrations"
+	"github.com/pgworker/pgworker/queue"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -49,10 +50,10 @@ func TestSharedNames(t *testing.T) {
 		}
 		slices.Sort(sql)
 		sql = slices.Compact(sql)
-		goNames := []string{listener.ChannelControl, listener.ChannelPending}
+		goNames := []string{listener.ChannelControl, listener.ChannelPending, queue.ChannelBatch}
 		slices.Sort(goNames)
 		if !slices.Equal(sql, goNames) {
-			t.Errorf("the SQL API notifies on %q, the listener listens on %q", sql, goNames)
+			t.Errorf("the SQL API notifies on %q, Go listens on %q", sql, goNames)
 		}
 	})
 
@@ -106,6 +107,27 @@ func TestSharedNames(t *testing.T) {
 				}
 				mustExec(t, pool, "DELETE FROM files.files WHERE source = 'names'")
 				mustExec(t, pool, "DELETE FROM files.queues")
+			}
+		}
+	})
+
+	t.Run("batch names", func(t *testing.T) {
+		longest := strings.Repeat("é", migrations.MaxBatchNameLength)
+		for _, name := range []string{"", "b", "run 2026-12-01", longest, longest + "x", "a\x1b[31mred", "tab\there", "del\x7f", "nbsp\u00a0ok"} {
+			for _, insert := range []string{
+				"INSERT INTO files.files (batch, source) VALUES ($1, 'names')",
+				"INSERT INTO files.batches (batch) VALUES ($1)",
+			} {
+				_, err := pool.Exec(ctx, insert, name)
+				var pgErr *pgconn.PgError
+				if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "23514") {
+					t.Fatalf("%s with batch %q: %v", insert, name, err)
+				}
+				if accepted := err == nil; accepted != migrations.ValidBatchName(name) {
+					t.Errorf("%s accepts batch %q: %v; migrations.ValidBatchName: %v", insert, name, accepted, migrations.ValidBatchName(name))
+				}
+				mustExec(t, pool, "DELETE FROM files.files WHERE source = 'names'")
+				mustExec(t, pool, "DELETE FROM files.batches")
 			}
 		}
 	})

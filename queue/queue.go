@@ -102,3 +102,7 @@ func CheckQueue(q string) error {
 	}
 	return nil
 }
+
+// ChannelBatch is the channel on which the SQL API sends a batch's name when
+// its last row ends (NOTIFY files_batch).
+const ChannelBatch = "files_batch"

@@ -60,6 +60,8 @@ CREATE TABLE files.files (
     last_error        text,
     claim_token       text,
     claim_token_hash  bytea,
+    batch             text,
+    unique_key        text,
     CONSTRAINT files_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
     CONSTRAINT files_source_not_empty CHECK (source <> ''),
     CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
@@ -69,7 +71,9 @@ CREATE TABLE files.files (
     CONSTRAINT files_lease_iff_running CHECK ((state = 'running') = (lease_expires_at IS NOT NULL)),
     CONSTRAINT files_attempt_valid CHECK (attempt >= 0),
     CONSTRAINT files_max_attempts_positive CHECK (max_attempts >= 1),
-    CONSTRAINT files_claim_token_never_stored CHECK (claim_token IS NULL)
+    CONSTRAINT files_claim_token_never_stored CHECK (claim_token IS NULL),
+    CONSTRAINT files_batch_valid CHECK (batch <> '' AND length(batch) <= 128 AND batch !~ '[[:cntrl:]]'),
+    CONSTRAINT files_unique_key_valid CHECK (unique_key <> '' AND octet_length(unique_key) <= 4096)
 );
 COMMENT ON TABLE files.files IS
     'The work: one row per input object. Workers take rows with files.claim and finish them with '
@@ -99,6 +103,12 @@ COMMENT ON COLUMN files.files.claim_token IS
     'the secret of that claim, which files.complete, files.fail and files.release require.';
 COMMENT ON COLUMN files.files.claim_token_hash IS
     'SHA-256 of the running attempt''s claim token (of its UTF-8 text).';
+COMMENT ON COLUMN files.files.batch IS
+    'The data set the row belongs to (files.batches, created by the first row that names it); NULL for none. '
+    'Rows that a completion enqueues into the next stage (files.complete''s then_queue) keep their parent''s batch.';
+COMMENT ON COLUMN files.files.unique_key IS
+    'Optional key, unique within the queue as long as the row exists (files.unique_keys): a second row with the same key '
+    'is refused, so an enqueue can run again without queueing twice. pgworker enqueue uses the source.';
 
 -- The claim index: only claimable rows, in claim order. It stays as small as the
 -- backlog however many finished rows the table keeps.
@@ -191,6 +201,69 @@ COMMENT ON COLUMN files.attempts.stderr_tail IS 'The last part of the backend''s
 CREATE INDEX attempts_file_idx ON files.attempts (file_id, attempt);
 COMMENT ON INDEX files.attempts_file_idx IS 'Attempts of a file; fenced outcome updates.';
 
+-- Unique keys live in a table of their own, written once at enqueue: an index
+-- on files.files would take a new entry at every claim and outcome.
+CREATE TABLE files.unique_keys (
+    queue    text   NOT NULL,
+    key      text   NOT NULL,
+    file_id  bigint NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+COMMENT ON TABLE files.unique_keys IS
+    'The unique keys of files.files (its unique_key column) per queue, kept by the triggers of files.files: a row is '
+    'added with its file and deleted with it.';
+COMMENT ON COLUMN files.unique_keys.queue IS 'Queue of the file.';
+COMMENT ON COLUMN files.unique_keys.key IS 'The file''s unique_key.';
+COMMENT ON COLUMN files.unique_keys.file_id IS 'The file (files.files.id).';
+
+-- Batches: named data sets. Their counts are kept as rows end, so that
+-- files.batch_progress answers without reading files.files.
+CREATE TABLE files.batches (
+    batch        text        PRIMARY KEY,
+    labels       jsonb       NOT NULL DEFAULT '{}',
+    total        bigint      NOT NULL DEFAULT 0,
+    first_id     bigint,
+    last_id      bigint,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz,
+    CONSTRAINT batches_batch_valid CHECK (batch <> '' AND length(batch) <= 128 AND batch !~ '[[:cntrl:]]'),
+    CONSTRAINT batches_labels_is_object CHECK (jsonb_typeof(labels) = 'object')
+);
+COMMENT ON TABLE files.batches IS
+    'One row per named batch (data set): created by the first row enqueued with its name, or by an admin with labels. '
+    'Read files.batch_progress for its counts.';
+COMMENT ON COLUMN files.batches.batch IS 'Batch name, as in files.files.batch.';
+COMMENT ON COLUMN files.batches.labels IS 'Free-form JSON object describing the batch (owner, run, ...).';
+COMMENT ON COLUMN files.batches.total IS 'Rows of the batch in files.files, kept by its triggers.';
+COMMENT ON COLUMN files.batches.first_id IS 'Lowest files.files.id the batch has had: with last_id, bounds a scan of its rows.';
+COMMENT ON COLUMN files.batches.last_id IS 'Highest files.files.id the batch has had.';
+COMMENT ON COLUMN files.batches.created_at IS 'When the batch was created.';
+COMMENT ON COLUMN files.batches.finished_at IS
+    'When its last row reached done, failed or cancelled (NOTIFY files_batch then carries its name); NULL while rows are '
+    'open. New rows or a retry open it again.';
+
+CREATE TABLE files.batch_counts (
+    batch      text        NOT NULL,
+    shard      smallint    NOT NULL,
+    done       bigint      NOT NULL DEFAULT 0,
+    failed     bigint      NOT NULL DEFAULT 0,
+    cancelled  bigint      NOT NULL DEFAULT 0,
+    recent     double precision NOT NULL DEFAULT 0,
+    recent_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (batch, shard)
+);
+COMMENT ON TABLE files.batch_counts IS
+    'Ended rows per batch, in up to 32 shards (by server process) so that concurrent outcomes rarely wait on each other. '
+    'Kept by the SQL API (files.tally); files.batch_progress sums the shards.';
+COMMENT ON COLUMN files.batch_counts.batch IS 'Batch name.';
+COMMENT ON COLUMN files.batch_counts.shard IS 'pg_backend_pid() % 32 of the sessions that counted here.';
+COMMENT ON COLUMN files.batch_counts.done IS 'Rows of the batch now done, counted in this shard.';
+COMMENT ON COLUMN files.batch_counts.failed IS 'Rows of the batch now failed, counted in this shard.';
+COMMENT ON COLUMN files.batch_counts.cancelled IS 'Rows of the batch now cancelled, counted in this shard.';
+COMMENT ON COLUMN files.batch_counts.recent IS
+    'Rows ended, decaying with a time constant of 60 s as of recent_at: recent * exp(-age/60) / 60 is the recent rate per second.';
+COMMENT ON COLUMN files.batch_counts.recent_at IS 'When recent was last updated.';
+
 CREATE TABLE files.reap_state (
     singleton        boolean     PRIMARY KEY DEFAULT true,
     fleet_resumed_at timestamptz NOT NULL DEFAULT '-infinity',
@@ -217,13 +290,30 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = n.queue)
     ON CONFLICT DO NOTHING;
 
+    IF EXISTS (SELECT 1 FROM enqueued n WHERE n.unique_key IS NOT NULL) THEN
+        BEGIN
+            INSERT INTO files.unique_keys (queue, key, file_id)
+            SELECT n.queue, n.unique_key, n.id FROM enqueued n WHERE n.unique_key IS NOT NULL;
+        EXCEPTION WHEN unique_violation THEN
+            RAISE EXCEPTION 'files.files: a row with this unique_key is already in its queue'
+                USING ERRCODE = 'unique_violation', DETAIL = SQLERRM,
+                      HINT = 'Skip rows whose key is in files.unique_keys (pgworker enqueue does), or use another key.';
+        END;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM enqueued n WHERE n.batch IS NOT NULL) THEN
+        PERFORM files.batch_rows_added(array_agg(n.batch), array_agg(n.id), array_agg(n.state))
+        FROM enqueued n WHERE n.batch IS NOT NULL;
+    END IF;
+
     PERFORM pg_notify('files_pending', d.queue)
     FROM (SELECT DISTINCT n.queue FROM enqueued n WHERE n.state = 'pending') d;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION files.notify_enqueued() IS
-    'Statement trigger on INSERT and COPY: registers new queues and sends one files_pending notification per queue and statement.';
+    'Statement trigger on INSERT and COPY: registers new queues, unique keys and batches, and sends one files_pending '
+    'notification per queue and statement.';
 
 CREATE TRIGGER files_enqueued
     AFTER INSERT ON files.files
@@ -242,27 +332,37 @@ AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         BEGIN
-            TRUNCATE files.attempts;
+            TRUNCATE files.attempts, files.unique_keys, files.batch_counts;
         EXCEPTION WHEN object_in_use THEN
-            -- files.attempts is open in this session: named in the same
+            -- One of them is open in this session: named in the same
             -- TRUNCATE (then already empty) or read by an open cursor.
             DELETE FROM files.attempts;
+            DELETE FROM files.unique_keys;
+            DELETE FROM files.batch_counts;
         END;
+        UPDATE files.batches SET total = 0, first_id = NULL, last_id = NULL WHERE total <> 0;
     ELSE
         DELETE FROM files.attempts a USING gone g WHERE a.file_id = g.id;
+        DELETE FROM files.unique_keys k USING gone g
+        WHERE g.unique_key IS NOT NULL AND k.queue = g.queue AND k.key = g.unique_key AND k.file_id = g.id;
+        IF EXISTS (SELECT 1 FROM gone g WHERE g.batch IS NOT NULL) THEN
+            PERFORM files.batch_rows_deleted(array_agg(g.batch), array_agg(g.state))
+            FROM gone g WHERE g.batch IS NOT NULL;
+        END IF;
     END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION files.delete_attempts() IS
-    'Trigger of files.files: the attempts of deleted files go with them (one DELETE per statement), and TRUNCATE files.files empties files.attempts.';
+    'Trigger of files.files: the attempts and unique keys of deleted files go with them and their batches'' counts follow '
+    '(once per statement); TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts.';
 
 CREATE TRIGGER files_delete_attempts AFTER DELETE ON files.files
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts of the deleted rows, once per statement.';
+COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts and unique keys of the deleted rows and counts them out of their batches, once per statement.';
 CREATE TRIGGER files_truncate_attempts AFTER TRUNCATE ON files.files
     FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts too.';
+COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts too.';
 
 -- ============================================================================
 -- The SQL API: everything a worker or an operator does to the queue goes through
@@ -322,6 +422,36 @@ END
 $$;
 COMMENT ON FUNCTION files.check_queues(text, text[]) IS
     'Raises an error naming fn when a queue list holds a NULL or empty name.';
+
+CREATE FUNCTION files.check_then(fn text, then_queue text, ids bigint[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF then_queue = '' OR length(then_queue) > 128 THEN
+        RAISE EXCEPTION '%: then_queue must have 1 to 128 characters', fn USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM files.files f WHERE f.id = ANY (ids) AND f.queue = then_queue) THEN
+        RAISE EXCEPTION '%: then_queue % is the queue of the row itself: its outputs would loop', fn, then_queue
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION files.check_then(text, text, bigint[]) IS
+    'Raises an error naming fn unless then_queue is a queue name other than the queue of each of the rows.';
+
+CREATE FUNCTION files.output_keys(result jsonb)
+RETURNS SETOF text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT o ->> 'key'
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(result -> 'outputs') = 'array' THEN result -> 'outputs' END) AS o
+    WHERE jsonb_typeof(o -> 'key') = 'string' AND o ->> 'key' <> ''
+$$;
+COMMENT ON FUNCTION files.output_keys(jsonb) IS
+    'The keys of the outputs of a result manifest (result->''outputs''[i]->>''key''), in their order.';
 
 CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1, key text DEFAULT NULL)
 RETURNS SETOF files.files
@@ -561,6 +691,136 @@ COMMENT ON FUNCTION files.claim_batch(text[], text[], text) IS
     'it, a slot that has another key is refused, draining ones take nothing. Each row carries its claim_token. '
     'Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
+-- Batches: their counts follow the rows that end (done, failed, cancelled)
+-- and the rows that open again (retry), in the statement that changes them.
+
+CREATE FUNCTION files.finish_batches(batches text[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- The row lock and the re-check of finished_at and total make this once
+    -- per finish, whoever calls it at the same moment.
+    WITH candidate AS (
+        SELECT b.batch FROM files.batches b
+        WHERE (finish_batches.batches IS NULL OR b.batch = ANY (finish_batches.batches))
+          AND b.finished_at IS NULL AND b.total > 0
+          AND b.total = (SELECT coalesce(sum(c.done + c.failed + c.cancelled), 0)
+                         FROM files.batch_counts c WHERE c.batch = b.batch)
+        ORDER BY b.batch FOR UPDATE
+    ), finished AS (
+        UPDATE files.batches b SET finished_at = now()
+        FROM candidate c WHERE b.batch = c.batch
+        RETURNING b.batch
+    )
+    SELECT count(pg_notify('files_batch', f.batch)) INTO n FROM finished f;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION files.finish_batches(text[]) IS
+    'Sets finished_at of the given batches (NULL: every open batch) whose rows have all ended, and sends one files_batch '
+    'notification with the name of each. Called by files.tally as rows end, and by files.reap for batches whose last rows '
+    'ended in concurrent transactions (each of which saw the other''s rows still open).';
+
+CREATE FUNCTION files.tally(batches text[], was text[], became text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ended    text[];
+    v_reopened text[];
+BEGIN
+    WITH d AS (
+        SELECT x.batch,
+               sum((x.became = 'done')::integer - (x.was = 'done')::integer) AS done,
+               sum((x.became = 'failed')::integer - (x.was = 'failed')::integer) AS failed,
+               sum((x.became = 'cancelled')::integer - (x.was = 'cancelled')::integer) AS cancelled,
+               count(*) FILTER (WHERE x.became IN ('done', 'failed', 'cancelled')
+                                  AND x.was NOT IN ('done', 'failed', 'cancelled')) AS ended,
+               count(*) FILTER (WHERE x.was IN ('done', 'failed', 'cancelled')
+                                  AND x.became IN ('pending', 'running')) AS reopened
+        FROM unnest(tally.batches, tally.was, tally.became) AS x(batch, was, became)
+        WHERE x.batch IS NOT NULL
+        GROUP BY x.batch
+    ), counted AS (
+        INSERT INTO files.batch_counts AS c (batch, shard, done, failed, cancelled, recent, recent_at)
+        SELECT d.batch, pg_backend_pid() % 32, d.done, d.failed, d.cancelled, d.ended, now()
+        FROM d ORDER BY d.batch
+        ON CONFLICT (batch, shard) DO UPDATE
+        SET done = c.done + EXCLUDED.done,
+            failed = c.failed + EXCLUDED.failed,
+            cancelled = c.cancelled + EXCLUDED.cancelled,
+            recent = c.recent * exp(-greatest(extract(epoch FROM EXCLUDED.recent_at - c.recent_at), 0) / 60)
+                     + EXCLUDED.recent,
+            recent_at = greatest(c.recent_at, EXCLUDED.recent_at)
+    )
+    SELECT array_agg(d.batch) FILTER (WHERE d.ended > 0), array_agg(d.batch) FILTER (WHERE d.reopened > 0)
+    INTO v_ended, v_reopened FROM d;
+
+    IF v_reopened IS NOT NULL THEN
+        UPDATE files.batches b SET finished_at = NULL
+        WHERE b.batch = ANY (v_reopened) AND b.finished_at IS NOT NULL;
+    END IF;
+    IF v_ended IS NOT NULL THEN
+        PERFORM files.finish_batches(v_ended);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION files.tally(text[], text[], text[]) IS
+    'Counts rows that changed state in their batches: element i is row i''s batch (NULL: none), old state and new state. '
+    'Finishes the batches whose last row ended, and opens again the finished ones whose rows went back to pending.';
+
+CREATE FUNCTION files.batch_rows_added(batches text[], ids bigint[], states text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO files.batches AS b (batch, total, first_id, last_id)
+    SELECT x.batch, count(*), min(x.id), max(x.id)
+    FROM unnest(batch_rows_added.batches, batch_rows_added.ids) AS x(batch, id)
+    GROUP BY x.batch ORDER BY x.batch
+    ON CONFLICT (batch) DO UPDATE
+    SET total = b.total + EXCLUDED.total,
+        first_id = least(b.first_id, EXCLUDED.first_id),
+        last_id = greatest(b.last_id, EXCLUDED.last_id),
+        finished_at = NULL;
+    -- Rows inserted already ended (by an admin's INSERT) count as ended.
+    IF EXISTS (SELECT 1 FROM unnest(batch_rows_added.states) AS s(state) WHERE s.state <> 'pending') THEN
+        PERFORM files.tally(array_agg(x.batch), array_agg('pending'::text), array_agg(x.state))
+        FROM unnest(batch_rows_added.batches, batch_rows_added.states) AS x(batch, state)
+        WHERE x.state <> 'pending';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION files.batch_rows_added(text[], bigint[], text[]) IS
+    'Called by the insert trigger of files.files: creates the batches that new rows name and counts the rows in.';
+
+CREATE FUNCTION files.batch_rows_deleted(batches text[], states text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE files.batches b SET total = b.total - d.n
+    FROM (SELECT x.batch, count(*) AS n FROM unnest(batch_rows_deleted.batches) AS x(batch)
+          GROUP BY x.batch ORDER BY x.batch) d
+    WHERE b.batch = d.batch;
+    PERFORM files.tally(batch_rows_deleted.batches, batch_rows_deleted.states,
+                        array_fill('deleted'::text, ARRAY[cardinality(batch_rows_deleted.batches)]));
+    -- Deleting a batch's last open rows ends it.
+    PERFORM files.finish_batches(array_agg(DISTINCT x.batch))
+    FROM unnest(batch_rows_deleted.batches, batch_rows_deleted.states) AS x(batch, state)
+    WHERE x.state IN ('pending', 'running');
+END
+$$;
+COMMENT ON FUNCTION files.batch_rows_deleted(text[], text[]) IS
+    'Called by the delete trigger of files.files: counts deleted rows (element i: batch and state) out of their batches.';
+
 -- Recording outcomes. Each is fenced: it does nothing, and returns false or
 -- leaves the row out of its answer, unless the row is still held by that
 -- worker_id in that attempt; and a row that is so held but named with another
@@ -589,7 +849,8 @@ $$;
 COMMENT ON FUNCTION files.refuse_forged(text, bigint[], text[], integer[]) IS
     'Raises an error naming fn if one of the rows is held by the given worker and attempt (its token was wrong).';
 
-CREATE FUNCTION files.complete(id bigint, worker_id text, attempt integer, token text, result jsonb DEFAULT NULL, report jsonb DEFAULT NULL)
+CREATE FUNCTION files.complete(id bigint, worker_id text, attempt integer, token text, result jsonb DEFAULT NULL,
+                               report jsonb DEFAULT NULL, then_queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -602,8 +863,12 @@ SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    n integer;
+    n       integer;
+    v_batch text;
 BEGIN
+    IF complete.then_queue IS NOT NULL THEN
+        PERFORM files.check_then('files.complete', complete.then_queue, ARRAY[complete.id]);
+    END IF;
     -- As files.complete_many does for each of its rows. The result is stored
     -- once, on the row.
     WITH done AS (
@@ -612,7 +877,13 @@ BEGIN
             claim_token_hash = NULL
         WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
           AND f.claim_token_hash = sha256(convert_to(complete.token, 'UTF8'))
-        RETURNING f.id, f.claimed_at
+        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.payload
+    ), next AS (
+        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch)
+        SELECT complete.then_queue, d.priority, d.payload, o.key, o.key, d.batch
+        FROM done d, files.output_keys(complete.result) AS o(key)
+        WHERE complete.then_queue IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key)
     ), logged AS (
         INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
@@ -622,27 +893,33 @@ BEGIN
                complete.report ->> 'stderr_tail'
         FROM done d
     )
-    SELECT count(*) INTO n FROM done;
+    SELECT count(*), min(d.batch) INTO n, v_batch FROM done d;
     IF n = 0 THEN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
+    ELSIF v_batch IS NOT NULL THEN
+        PERFORM files.tally(ARRAY[v_batch], ARRAY['running'], ARRAY['done']);
     END IF;
     RETURN n > 0;
 END
 $$;
-COMMENT ON FUNCTION files.complete(bigint, text, integer, text, jsonb, jsonb) IS
+COMMENT ON FUNCTION files.complete(bigint, text, integer, text, jsonb, jsonb, text) IS
     'Fenced: marks the row done with result (stored on the row) and the worker''s report (exit_code, duration_ms, '
-    'stderr_tail) on its attempt. Returns false and changes nothing if the attempt no longer holds the row; raises an '
-    'error if it does and token is not its claim token.';
+    'stderr_tail) on its attempt. With then_queue, each output of the result (result->''outputs''[i]->>''key'') becomes '
+    'a row of that queue in the same transaction, keyed by its key, with the row''s batch, priority and payload. '
+    'Returns false and changes nothing if the attempt no longer holds the row; raises an error if it does and token '
+    'is not its claim token.';
 
 CREATE FUNCTION files.complete_many(
-    ids bigint[], worker_ids text[], attempts integer[], tokens text[], results jsonb[] DEFAULT NULL, reports jsonb[] DEFAULT NULL)
+    ids bigint[], worker_ids text[], attempts integer[], tokens text[], results jsonb[] DEFAULT NULL, reports jsonb[] DEFAULT NULL,
+    then_queue text DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_done bigint[];
+    v_done    bigint[];
+    v_batches text[];
 BEGIN
     IF cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.worker_ids)
        OR cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.attempts)
@@ -651,6 +928,9 @@ BEGIN
        OR (complete_many.reports IS NOT NULL AND cardinality(complete_many.reports) <> cardinality(complete_many.ids)) THEN
         RAISE EXCEPTION 'files.complete_many: ids, worker_ids, attempts, tokens, results and reports must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF complete_many.then_queue IS NOT NULL THEN
+        PERFORM files.check_then('files.complete_many', complete_many.then_queue, complete_many.ids);
     END IF;
 
     -- One statement for the batch, one primary-key lookup per element, in id
@@ -670,7 +950,13 @@ BEGIN
               ORDER BY x.id) u
         WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
           AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
-        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.payload, f.result
+    ), next AS (
+        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch)
+        SELECT complete_many.then_queue, d.priority, d.payload, o.key, o.key, d.batch
+        FROM (SELECT * FROM done ORDER BY id) d, files.output_keys(d.result) AS o(key)
+        WHERE complete_many.then_queue IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key)
     ), logged AS (
         INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
@@ -680,17 +966,22 @@ BEGIN
                d.report ->> 'stderr_tail'
         FROM done d
     )
-    SELECT array_agg(d.id) INTO v_done FROM done d;
+    SELECT array_agg(d.id), array_agg(d.batch) FILTER (WHERE d.batch IS NOT NULL) INTO v_done, v_batches FROM done d;
     IF coalesce(cardinality(v_done), 0) < cardinality(complete_many.ids) THEN
         PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);
+    END IF;
+    IF v_batches IS NOT NULL THEN
+        PERFORM files.tally(v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
+                            array_fill('done'::text, ARRAY[cardinality(v_batches)]));
     END IF;
     RETURN QUERY SELECT u.id FROM unnest(v_done) AS u(id);
 END
 $$;
-COMMENT ON FUNCTION files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[]) IS
+COMMENT ON FUNCTION files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[], text) IS
     'Fenced, batched files.complete: element i of each array describes one row. Marks done each row still held by its '
     'worker_id in its attempt, in one statement, and returns the ids it marked; the others are left unchanged. A row '
-    'held by its worker_id and attempt under another claim token raises an error (and records nothing).';
+    'held by its worker_id and attempt under another claim token raises an error (and records nothing). then_queue as '
+    'in files.complete, for every row it marks.';
 
 CREATE FUNCTION files.fail(id bigint, worker_id text, attempt integer, token text, error text,
                            retryable boolean DEFAULT true, report jsonb DEFAULT NULL)
@@ -722,6 +1013,9 @@ BEGIN
         SET state = 'failed', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), last_error = v_error,
             claim_token_hash = NULL
         WHERE f.id = r.id;
+        IF r.batch IS NOT NULL THEN
+            PERFORM files.tally(ARRAY[r.batch], ARRAY['running'], ARRAY['failed']);
+        END IF;
     ELSE
         SELECT q.backoff_base, q.backoff_max INTO v_base, v_max FROM files.queues q WHERE q.queue = r.queue;
         v_base := coalesce(v_base, interval '1 second');
@@ -1037,9 +1331,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n        integer;
-    v_queues text[];
-    v_since  timestamptz;
+    n         integer;
+    v_queues  text[];
+    v_since   timestamptz;
+    v_batches text[];
 BEGIN
     -- Every node may call reap at once: one does the work, the others return at once.
     IF NOT pg_try_advisory_xact_lock(hashtext('files.reap')) THEN
@@ -1069,16 +1364,23 @@ BEGIN
             worker_id = NULL, lease_expires_at = NULL, run_after = now(),
             last_error = format('lost: worker %s stopped heartbeating', e.worker_id)
         FROM expired e WHERE f.id = e.id
-        RETURNING f.id, f.queue, f.state, f.last_error, e.worker_id, e.attempt, e.claimed_at
+        RETURNING f.id, f.queue, f.state, f.last_error, f.batch, e.worker_id, e.attempt, e.claimed_at
     ), logged AS (
         INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
         SELECT r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'lost', r.last_error,
                now() - coalesce(r.claimed_at, now())
         FROM returned r
     )
-    SELECT count(*), array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'pending')
-    INTO n, v_queues FROM returned r;
+    SELECT count(*), array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'pending'),
+           array_agg(r.batch) FILTER (WHERE r.state = 'failed' AND r.batch IS NOT NULL)
+    INTO n, v_queues, v_batches FROM returned r;
 
+    IF v_batches IS NOT NULL THEN
+        PERFORM files.tally(v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
+                            array_fill('failed'::text, ARRAY[cardinality(v_batches)]));
+    END IF;
+    -- Batches whose last rows ended in concurrent transactions.
+    PERFORM files.finish_batches(NULL);
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
     RETURN n;
 END
@@ -1087,7 +1389,8 @@ COMMENT ON FUNCTION files.reap() IS
     'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
     '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
     'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
-    'at once. Returns the number of rows returned.';
+    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches). '
+    'Returns the number of rows returned.';
 
 -- Operators: cancel, retry, pause and resume.
 
@@ -1097,11 +1400,13 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n      integer;
-    v_told text[];
+    n         integer;
+    v_told    text[];
+    v_batches text[];
+    v_was     text[];
 BEGIN
     WITH target AS (
-        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at FROM files.files x
+        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at, x.batch FROM files.files x
         WHERE x.id = ANY (cancel.ids) AND x.state IN ('pending', 'running')
         ORDER BY x.id FOR UPDATE
     ), cancelled AS (
@@ -1117,8 +1422,14 @@ BEGIN
     )
     SELECT count(*),
            array_agg(json_build_object('op', 'cancel', 'file_id', t.id, 'worker_id', t.worker_id)::text)
-               FILTER (WHERE t.state = 'running')
-    INTO n, v_told FROM target t;
+               FILTER (WHERE t.state = 'running'),
+           array_agg(t.batch) FILTER (WHERE t.batch IS NOT NULL),
+           array_agg(t.state) FILTER (WHERE t.batch IS NOT NULL)
+    INTO n, v_told, v_batches, v_was FROM target t;
+
+    IF v_batches IS NOT NULL THEN
+        PERFORM files.tally(v_batches, v_was, array_fill('cancelled'::text, ARRAY[cardinality(v_batches)]));
+    END IF;
 
     -- Running rows: tell their workers to stop the work.
     PERFORM pg_notify('files_control', m) FROM unnest(v_told) AS m;
@@ -1136,15 +1447,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    n        integer;
-    v_queues text[];
+    n         integer;
+    v_queues  text[];
+    v_batches text[];
+    v_was     text[];
 BEGIN
     IF retry.queue = '' THEN
         RAISE EXCEPTION 'files.retry: queue must not be empty (pass NULL for every queue)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH target AS (
-        SELECT x.id FROM files.files x
+        SELECT x.id, x.state, x.batch FROM files.files x
         WHERE (retry.queue IS NULL OR x.queue = retry.queue)
           AND CASE WHEN retry.ids IS NULL THEN x.state = 'failed'
                    ELSE x.id = ANY (retry.ids) AND x.state IN ('failed', 'cancelled', 'done') END
@@ -1155,7 +1468,13 @@ BEGIN
         FROM target t WHERE f.id = t.id
         RETURNING f.queue
     )
-    SELECT count(*), array_agg(DISTINCT r.queue) INTO n, v_queues FROM retried r;
+    SELECT (SELECT count(*) FROM retried), (SELECT array_agg(DISTINCT r.queue) FROM retried r),
+           array_agg(t.batch) FILTER (WHERE t.batch IS NOT NULL), array_agg(t.state) FILTER (WHERE t.batch IS NOT NULL)
+    INTO n, v_queues, v_batches, v_was FROM target t;
+
+    IF v_batches IS NOT NULL THEN
+        PERFORM files.tally(v_batches, v_was, array_fill('pending'::text, ARRAY[cardinality(v_batches)]));
+    END IF;
 
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
     RETURN n;
@@ -1318,6 +1637,56 @@ COMMENT ON COLUMN files.worker_metrics.mean_duration IS 'Mean processing time of
 COMMENT ON COLUMN files.worker_metrics.p95_duration IS '95th percentile processing time of done and failed attempts.';
 COMMENT ON COLUMN files.worker_metrics.last_seen IS 'Last heartbeat of the slot.';
 
+CREATE VIEW files.batch_progress AS
+WITH running AS (
+    SELECT f.batch, count(*) AS running
+    FROM files.files f
+    WHERE f.state = 'running' AND f.batch IS NOT NULL
+    GROUP BY f.batch
+)
+SELECT b.batch,
+       b.labels,
+       b.total,
+       b.total - c.done - c.failed - c.cancelled - coalesce(r.running, 0) AS pending,
+       coalesce(r.running, 0) AS running,
+       c.done,
+       c.failed,
+       c.cancelled,
+       round(100.0 * (c.done + c.failed + c.cancelled) / nullif(b.total, 0), 1) AS percent,
+       round(c.rate::numeric, 3) AS rate,
+       CASE WHEN b.finished_at IS NULL AND c.rate > 0.001
+            THEN make_interval(secs => round((b.total - c.done - c.failed - c.cancelled) / c.rate))
+       END AS eta,
+       b.created_at,
+       b.finished_at
+FROM files.batches b
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(x.done), 0) AS done,
+           coalesce(sum(x.failed), 0) AS failed,
+           coalesce(sum(x.cancelled), 0) AS cancelled,
+           coalesce(sum(x.recent * exp(-greatest(extract(epoch FROM now() - x.recent_at), 0)::double precision / 60)), 0)
+               / 60 AS rate
+    FROM files.batch_counts x
+    WHERE x.batch = b.batch
+) c
+LEFT JOIN running r ON r.batch = b.batch;
+COMMENT ON VIEW files.batch_progress IS
+    'One line per batch: its rows by state, percent ended, the recent rate and an ETA. Reads the counts that the SQL API '
+    'keeps and the running rows, never the whole of files.files.';
+COMMENT ON COLUMN files.batch_progress.batch IS 'Batch name.';
+COMMENT ON COLUMN files.batch_progress.labels IS 'The batch''s labels.';
+COMMENT ON COLUMN files.batch_progress.total IS 'Rows of the batch.';
+COMMENT ON COLUMN files.batch_progress.pending IS 'Rows waiting to run (including retries waiting for run_after).';
+COMMENT ON COLUMN files.batch_progress.running IS 'Rows held by worker slots now.';
+COMMENT ON COLUMN files.batch_progress.done IS 'Rows done.';
+COMMENT ON COLUMN files.batch_progress.failed IS 'Rows failed for good.';
+COMMENT ON COLUMN files.batch_progress.cancelled IS 'Rows cancelled.';
+COMMENT ON COLUMN files.batch_progress.percent IS 'Ended rows (done, failed, cancelled) as a percentage of total.';
+COMMENT ON COLUMN files.batch_progress.rate IS 'Rows ended per second, averaged over about the last minute.';
+COMMENT ON COLUMN files.batch_progress.eta IS 'Time left at the recent rate; NULL when finished or when nothing ended lately.';
+COMMENT ON COLUMN files.batch_progress.created_at IS 'When the batch was created.';
+COMMENT ON COLUMN files.batch_progress.finished_at IS 'When its last row ended; NULL while rows are open.';
+
 -- ============================================================================
 -- Roles: least privilege for workers, read-only for dashboards, operator functions
 -- for admins. Roles are cluster-wide: they are created when missing.
@@ -1348,13 +1717,14 @@ GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
 
 -- Workers run the worker API and read the views; they write only through the API.
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
-GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.reap_state TO pgworker_worker;
+GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.batch_progress, files.reap_state
+    TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
     files.claim(text, text[], integer, text),
     files.get_unprocessed_entry_by_priority(text, text),
     files.claim_batch(text[], text[], text),
-    files.complete(bigint, text, integer, text, jsonb, jsonb),
-    files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[]),
+    files.complete(bigint, text, integer, text, jsonb, jsonb, text),
+    files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[], text),
     files.fail(bigint, text, integer, text, text, boolean, jsonb),
     files.fail_many(bigint[], text[], integer[], text[], text[], boolean[], jsonb[]),
     files.release(bigint, text, integer, text, text),
@@ -1372,6 +1742,7 @@ GRANT USAGE ON SCHEMA files TO pgworker_admin;
 GRANT pgworker_worker, pgworker_reader TO pgworker_admin;
 GRANT INSERT, DELETE ON files.files TO pgworker_admin;
 GRANT UPDATE (backoff_base, backoff_max) ON files.queues TO pgworker_admin;
+GRANT INSERT (batch, labels), UPDATE (labels) ON files.batches TO pgworker_admin;
 GRANT EXECUTE ON FUNCTION
     files.cancel(bigint[]),
     files.retry(bigint[], text),
