@@ -16,7 +16,7 @@ import (
 func TestBrowserPagesShowTheDatabaseAndFollowIt(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, nil, nil)
-	ids := s.enqueue("thumbs", "a.jpg", "b.jpg", "c.jpg", "d.jpg")
+	ids := s.enqueueBatch("thumbs", "scans-2026", "a.jpg", "b.jpg", "c.jpg", "d.jpg")
 	s.complete(s.claim("vm:41:0", "thumbs"), `{"outputs": []}`)
 	s.fail(s.claim("vm:41:0", "thumbs"), "convert: no decode delegate for this image format", "convert: improper image header")
 	held := s.claim("vm:41:1", "thumbs")
@@ -30,8 +30,9 @@ func TestBrowserPagesShowTheDatabaseAndFollowIt(t *testing.T) {
 	tb.do("the chart", chromedp.WaitReady(chromedp.CSS("#chart .uplot")))
 	tb.eval(`window.pgwMarker = 1, true`)
 	s.complete(held, `{"outputs": []}`)
-	tb.do("the progress bar to follow the row that finished",
-		chromedp.WaitReady(chromedp.CSS(`progress[data-queue="thumbs"][value="3"]`)))
+	tb.do("the progress bars of the queue and the batch to follow the row that finished",
+		chromedp.WaitReady(chromedp.CSS(`progress[data-queue="thumbs"][value="3"]`)),
+		chromedp.WaitReady(chromedp.CSS(`progress[data-batch="scans-2026"][value="3"]`)))
 	if !tb.eval(`window.pgwMarker === 1`) {
 		t.Error("the page was reloaded: it should have changed in place")
 	}
@@ -71,7 +72,7 @@ func TestBrowserHostileStringsAreText(t *testing.T) {
 	xss := `<script>window.pgwXSS=1</script><img src=x onerror="window.pgwXSS=2">`
 	queue := `<svg onload="window.pgwXSS=3">`
 	huge := strings.Repeat("Z", 1<<20)
-	s.enqueue(queue, xss+"\x07\x1b[2J", huge, xss)
+	s.enqueueBatch(queue, `<script>window.pgwXSS=5</script>`, xss+"\x07\x1b[2J", huge, xss)
 	failed := s.claim(`<b onmouseover="window.pgwXSS=4">w</b>`, queue)
 	s.fail(failed, xss+"\n"+huge, xss+"\u202e"+huge)
 	s.claim(`<i>slot</i>`, queue) // holds the row of the 1 MB source

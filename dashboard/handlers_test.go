@@ -16,14 +16,15 @@ import (
 func TestPagesShowTheDatabase(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, nil, nil)
-	ids := s.enqueue("thumbs", "a.jpg", "b.jpg", "c.jpg")
+	ids := s.enqueueBatch("thumbs", "photos-2026", "a.jpg", "b.jpg", "c.jpg")
 	s.complete(s.claim("node1:1:0", "thumbs"), `{"outputs": []}`)
 	s.fail(s.claim("node1:1:0", "thumbs"), "convert: no decode delegate\nsecond line", "stderr: bad header")
 	held := s.claim("node1:1:1", "thumbs")
 	s.refresh()
 
 	_, body, hdr := s.get("/")
-	for _, want := range []string{`data-queue="thumbs"`, `value="2" max="3"`, "2</span> of <span class=\"total\">3</span>"} {
+	for _, want := range []string{`data-queue="thumbs"`, `value="2" max="3"`, "2</span> of <span class=\"total\">3</span>",
+		`<progress class="progress hidden" data-batch="photos-2026" value="2" max="3"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("overview lacks %q:\n%s", want, body)
 		}
@@ -72,7 +73,7 @@ func TestHostileStringsAreText(t *testing.T) {
 	hostile := `<script>alert(1)</script><img src=x onerror=alert(2)>"'` + "\x1b[31m\u202e"
 	huge := strings.Repeat("A", 1<<20)
 	queue := `<b>q</b>"`
-	s.enqueue(queue, hostile, huge)
+	s.enqueueBatch(queue, `<script>alert(3)</script>`, hostile, huge)
 	c := s.claim("<script>w</script>", queue)
 	s.fail(c, hostile+"\n"+huge, hostile+huge)
 	s.refresh()

@@ -87,11 +87,17 @@ func (s *stack) exec(sql string, args ...any) {
 // enqueue inserts rows and returns their ids.
 func (s *stack) enqueue(queue string, sources ...string) []int64 {
 	s.t.Helper()
+	return s.enqueueBatch(queue, "", sources...)
+}
+
+// enqueueBatch inserts rows in batch ("" for none) and returns their ids.
+func (s *stack) enqueueBatch(queue, batch string, sources ...string) []int64 {
+	s.t.Helper()
 	var ids []int64
 	for _, src := range sources {
 		var id int64
 		if err := s.pool.QueryRow(context.Background(),
-			`INSERT INTO files.files (queue, source) VALUES ($1, $2) RETURNING id`, queue, src).Scan(&id); err != nil {
+			`INSERT INTO files.files (queue, source, batch) VALUES ($1, $2, nullif($3, '')) RETURNING id`, queue, src, batch).Scan(&id); err != nil {
 			s.t.Fatal(err)
 		}
 		ids = append(ids, id)

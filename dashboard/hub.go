@@ -24,6 +24,7 @@ type snapshot struct {
 
 	loaded   bool // data were read at least once
 	queues   []queueView
+	batches  []batchView
 	nodes    []nodeView
 	groups   []failureGroup
 	chart    chartData
@@ -203,7 +204,7 @@ func (h *hub) refresh(ctx context.Context) (statsTook time.Duration) {
 	}
 	if err != nil {
 		*s = snapshot{gen: s.gen, tried: now, err: err, errSince: prev.errSince, at: prev.at, loaded: prev.loaded,
-			queues: prev.queues, nodes: prev.nodes, groups: prev.groups, chart: prev.chart,
+			queues: prev.queues, batches: prev.batches, nodes: prev.nodes, groups: prev.groups, chart: prev.chart,
 			slowAt: prev.slowAt, slowRead: prev.slowRead, stats: prev.stats}
 		if prev.err == nil {
 			s.errSince = now
@@ -238,6 +239,10 @@ func (h *hub) read(ctx context.Context, tx pgx.Tx, s *snapshot, full, slow bool)
 		return err
 	}
 	s.queues = live.apply(s.stats.base)
+	h.queries.Add(1)
+	if s.batches, err = readBatches(ctx, tx); err != nil {
+		return err
+	}
 	h.queries.Add(1)
 	if s.nodes, err = readWorkers(ctx, tx); err != nil {
 		return err

@@ -35,13 +35,14 @@ func (d *Dashboard) snap(r *http.Request) *snapshot {
 
 type overviewBody struct {
 	Queues                                []queueView
+	Batches                               []batchView
 	Total, Pending, Running, Done, Failed int64
 	PerMinute                             float64
 	ChartLimit                            int64
 }
 
 func newOverview(s *snapshot) *overviewBody {
-	o := &overviewBody{Queues: s.queues, ChartLimit: chartAttempts}
+	o := &overviewBody{Queues: s.queues, Batches: s.batches, ChartLimit: chartAttempts}
 	for _, q := range s.queues {
 		o.Total += q.Total()
 		o.Pending += q.Pending

@@ -33,6 +33,14 @@ JOIN files.files f ON f.id = a.file_id
 WHERE a.id > $1 AND a.outcome = 'done'
 GROUP BY f.queue`
 
+	// The open batches and the newest finished ones (files.batch_progress
+	// reads the counts the SQL API keeps, not files.files); at most $1.
+	sqlBatches = `
+SELECT b.batch, b.total, b.pending, b.running, b.done, b.failed, b.cancelled, b.rate, b.eta, b.created_at, b.finished_at
+FROM files.batch_progress b
+ORDER BY b.finished_at IS NOT NULL, b.finished_at DESC, b.created_at DESC, b.batch
+LIMIT $1`
+
 	// Live slots with the row each holds, and the slots that died in the
 	// last hour; at most $1 lines.
 	sqlWorkers = `
@@ -108,6 +116,7 @@ LIMIT $2`
 // Bounds on what is read and shown.
 const (
 	maxWorkers      = 5000    // slots listed
+	maxBatches      = 50      // batches on the Overview
 	maxGroups       = 100     // failure groups
 	groupedFailures = 10_000  // newest failed rows grouped
 	groupKeyChars   = 200     // characters of an error that name its group

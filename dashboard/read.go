@@ -46,6 +46,43 @@ func (q queueView) ETA() *time.Duration {
 	return &d
 }
 
+// batchView is one batch (files.batch_progress) of the Overview.
+type batchView struct {
+	Name                                             string
+	Total, Pending, Running, Done, Failed, Cancelled int64
+	PerSecond                                        float64
+	ETA                                              *time.Duration
+	CreatedAt                                        time.Time
+	FinishedAt                                       *time.Time
+}
+
+// Finished is the rows in a terminal state.
+func (b batchView) Finished() int64 { return b.Done + b.Failed + b.Cancelled }
+
+// PerMinute is the recent rate.
+func (b batchView) PerMinute() float64 { return b.PerSecond * 60 }
+
+func readBatches(ctx context.Context, tx pgx.Tx) ([]batchView, error) {
+	rows, err := tx.Query(ctx, sqlBatches, maxBatches)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (batchView, error) {
+		var (
+			b    batchView
+			rate pgtype.Numeric
+			eta  pgtype.Interval
+		)
+		err := row.Scan(&b.Name, &b.Total, &b.Pending, &b.Running, &b.Done, &b.Failed, &b.Cancelled, &rate, &eta,
+			&b.CreatedAt, &b.FinishedAt)
+		if f, ferr := rate.Float64Value(); ferr == nil && f.Valid {
+			b.PerSecond = f.Float64
+		}
+		b.ETA = duration(eta)
+		return b, err
+	})
+}
+
 // slotView is one worker slot of the Workers page.
 type slotView struct {
 	WorkerID     string

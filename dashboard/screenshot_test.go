@@ -58,8 +58,9 @@ func TestScreenshots(t *testing.T) {
 // would, with an hour of history, and returns a done row with outputs.
 func seedFleet(t *testing.T, s *stack, out string) int64 {
 	t.Helper()
-	s.exec(`INSERT INTO files.files (queue, source, priority)
-	        SELECT q, format('scans/%s/%s.tif', q, lpad(g::text, 6, '0')), (g % 3)
+	s.exec(`INSERT INTO files.files (queue, source, priority, batch)
+	        SELECT q, format('scans/%s/%s.tif', q, lpad(g::text, 6, '0')), (g % 3),
+	               CASE q WHEN 'ocr' THEN 'scans-2026-11' WHEN 'thumbnails' THEN 'thumbs-nightly' END
 	        FROM (VALUES ('ocr', 1200), ('thumbnails', 400), ('archive', 150)) v(q, n), generate_series(1, n) g`)
 	// An hour of attempts: what the chart draws.
 	s.exec(`INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, exit_code, duration)
