@@ -106,13 +106,13 @@ claim_queries_per_process_per_wakeup, and the runtimes' own counts.`,
 		examples: "pgworker bench herd --processes 20 --slots 50\npgworker bench herd --processes 5 --rows 20 --json",
 	},
 	"enqueue": {
-		name: "bench enqueue", args: "[--rows N] [--batch-size N] [--json] [flags]",
+		name: "bench enqueue", args: "[--rows N] [--chunk-size N] [--json] [flags]",
 		help: `
 Runs pgworker enqueue itself on --rows generated sources fed as lines of
 standard input, into queue pgworker-bench, and times it from its start
 (connecting included) to the commit of the last batch. JSON: rows_per_sec,
 elapsed_ms, batch_size.`,
-		examples: "pgworker bench enqueue --rows 1000000\npgworker bench enqueue --rows 100000 --batch-size 1000 --json",
+		examples: "pgworker bench enqueue --rows 1000000\npgworker bench enqueue --rows 100000 --chunk-size 1000 --json",
 	},
 	"pipeline": {
 		name: "bench pipeline", args: "--input-store URL --output-store URL [--rows N] [--slots N] [--json] [flags]",
@@ -233,7 +233,7 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
 	case "enqueue":
 		fs.IntVar(&f.rows, "rows", 1_000_000, "`N` sources to enqueue")
-		fs.IntVar(&f.batchSize, "batch-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --batch-size")
+		fs.IntVar(&f.batchSize, "chunk-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --chunk-size")
 	case "pipeline":
 		fs.IntVar(&f.rows, "rows", 2000, "`N` rows, one input object each")
 		fs.IntVar(&f.slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
@@ -253,7 +253,7 @@ func (f *benchFlags) check(fs *flagSet) error {
 		name    string
 		v, high int
 	}{{"rows", f.rows, 100_000_000}, {"slots", f.slots, 10_000}, {"max-conns", f.maxConns, 1000}, {"claims", f.claims, 1_000_000},
-		{"processes", f.processes, 500}, {"batch-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000}} {
+		{"processes", f.processes, 500}, {"chunk-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000}} {
 		if fs.Lookup(fl.name) != nil && (fl.v < 1 || fl.v > fl.high) {
 			return usagef("--%s must be between 1 and %d", fl.name, fl.high)
 		}
@@ -321,7 +321,7 @@ func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx contex
 			return e.lookup(name)
 		}
 		sub := &env{stdin: r, stdout: io.Discard, stderr: e.stderr, lookup: lookup}
-		args := []string{"--queue", queue, "--batch-size", strconv.Itoa(batchSize),
+		args := []string{"--queue", queue, "--chunk-size", strconv.Itoa(batchSize),
 			"--log-format", logs.format, "--log-level", logs.level}
 		if db.statementMode != "" {
 			args = append(args, "--statement-mode", db.statementMode)

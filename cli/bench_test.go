@@ -25,7 +25,7 @@ func TestBenchHelp(t *testing.T) {
 		"latency":     {"--rows N", "--rate", "--slots N"},
 		"claim-depth": {"--depths N", "--claims N"},
 		"herd":        {"--processes N", "--slots N", "--interval"},
-		"enqueue":     {"--rows N", "--batch-size N"},
+		"enqueue":     {"--rows N", "--chunk-size N"},
 		"pipeline":    {"--input-store URL", "[$PGWORKER_INPUT_STORE]", "--output-store URL", "--exec COMMAND", "--size BYTES"},
 	} {
 		out := ok(t, "", "", "bench", mode, "--help")
@@ -68,7 +68,7 @@ func TestBenchJSON(t *testing.T) {
 		keys []string
 	}{
 		{[]string{"throughput", "--rows", "30", "--slots", "3"}, []string{"rows_per_sec", "elapsed_ms", "claims"}},
-		{[]string{"enqueue", "--rows", "2500", "--batch-size", "1000"}, []string{"rows_per_sec", "elapsed_ms", "batch_size"}},
+		{[]string{"enqueue", "--rows", "2500", "--chunk-size", "1000"}, []string{"rows_per_sec", "elapsed_ms", "batch_size"}},
 	} {
 		args := append([]string{"bench"}, tc.args...)
 		res := pgworker(t, url, "", append(args, "--json", "--log-level", "warn")...)

@@ -76,6 +76,8 @@ func New(cfg *Config) *CLI {
 		{enqueueCommand, c.enqueue},
 		{runCommand, c.run},
 		{statusCommand, c.status},
+		{waitCommand, c.wait},
+		{resultsCommand, c.results},
 		{scaleHintCommand, c.scaleHint},
 		{retryCommand, c.retry},
 		{cancelCommand, c.cancel},
@@ -157,6 +159,11 @@ func (c *CLI) finish(e *env, name string, err error) int {
 	if errors.As(err, &ue) {
 		fmt.Fprintf(e.stderr, "pgworker %s: %s\n", name, msg)
 		return ExitUsage
+	}
+	var xe *exitError
+	if errors.As(err, &xe) {
+		fmt.Fprintf(e.stderr, "pgworker %s: %s\n", name, msg)
+		return xe.code
 	}
 	if errors.Is(err, context.Canceled) {
 		msg = "interrupted: " + msg

@@ -143,7 +143,7 @@ func TestEnqueueArguments(t *testing.T) {
 	url, pool := newDB(t)
 	out := ok(t, url, "", "enqueue", "--queue", "img", "--priority", "7", "--max-attempts", "2", "--payload", `{"size": 200}`,
 		"a.jpg", "dir/b c.jpg", "$(touch x); `id`", "--", "-odd")
-	if out != "enqueued 4 rows into queue \"img\"\n" {
+	if out != "queued 4, already there 0 (queue \"img\")\n" {
 		t.Errorf("output %q", out)
 	}
 	rows, err := pool.Query(context.Background(), "SELECT source, queue, priority, max_attempts, payload->>'size', state FROM files.files ORDER BY id")
@@ -190,8 +190,8 @@ func TestEnqueueStdin(t *testing.T) {
 		}
 	}
 	in.WriteString("crlf-line\r\nlast-without-newline")
-	out := ok(t, url, in.String(), "enqueue", "--batch-size", "7000")
-	if out != "enqueued 100002 rows into queue \"default\"\n" {
+	out := ok(t, url, in.String(), "enqueue", "--chunk-size", "7000")
+	if out != "queued 100002, already there 0 (queue \"default\")\n" {
 		t.Errorf("output %q", out)
 	}
 	if n := count(t, pool, "SELECT count(DISTINCT source) FROM files.files WHERE source LIKE 'obj-%'"); n != 100000 {
@@ -242,7 +242,7 @@ func TestEnqueueBadLineStopsItsBatch(t *testing.T) {
 				}
 			}
 			fails(t, url, in.String(), 1, []string{"stdin line 2200", tt.want, "2000 rows", "tail -n +2001"},
-				"enqueue", "--batch-size", "1000")
+				"enqueue", "--chunk-size", "1000")
 			if n := count(t, pool, "SELECT count(*) FROM files.files"); n != 2000 {
 				t.Errorf("%d rows loaded, want the 2000 of the two batches before the bad line", n)
 			}
@@ -263,7 +263,7 @@ func TestEnqueuePayloadRejected(t *testing.T) {
 			t.Errorf("--payload %s: the database was tried first", payload)
 		}
 	}
-	fails(t, url, "", 2, []string{"--batch-size"}, "enqueue", "--batch-size", "0", "src")
+	fails(t, url, "", 2, []string{"--chunk-size"}, "enqueue", "--chunk-size", "0", "src")
 	fails(t, url, "", 2, []string{"--queue"}, "enqueue", "--queue", "", "src")
 	fails(t, url, "", 2, []string{"--max-attempts"}, "enqueue", "--max-attempts", "0", "src")
 	fails(t, url, "", 2, []string{"not several"}, "enqueue", "--from", "s3://b/p", "src")

@@ -48,9 +48,21 @@ UTF-8, or is longer than 4096 bytes, stops the load with its line number.
 
 A source that starts with - follows -- (pgworker enqueue -- -odd-name).
 
-Rows are loaded with COPY in batches (--batch-size), each in its own
-transaction: a batch is in the queue whole or not at all. When the load
-stops, the message says which rows were loaded and from where to go on.
+Each row's source is its unique key in the queue (--no-key turns this off):
+a source already in the queue, whatever the state of its row, is skipped, so
+the same enqueue can run again, also after it was stopped halfway, and
+queues each source once. It says how many rows it queued and how many were
+already there. To run finished rows again, use pgworker retry.
+
+--batch names the data set the rows belong to (created by its first row;
+--labels adds a JSON object describing it): pgworker status shows its
+progress, pgworker wait waits for its end, pgworker results lists what came
+out.
+
+Rows are loaded with COPY in chunks (--chunk-size), each in its own
+transaction: a chunk is in the queue whole or not at all. When the load
+stops, the message says which rows were loaded and from where to go on
+(or run the same enqueue again).
 
 --payload is one JSON object of at most 1 MiB; store larger data as an object
 and put its key in the payload.`,
@@ -58,7 +70,8 @@ and put its key in the payload.`,
 pgworker enqueue photos/a.jpg photos/b.jpg
 find /srv/photos -name '*.jpg' -printf '%P\n' | pgworker enqueue --queue thumbs
 pgworker enqueue --queue urgent --priority 10 --max-attempts 3 --payload '{"size": 200}' < keys.txt
-pgworker enqueue --from s3://photos/2024/`,
+pgworker enqueue --from s3://photos/2024/
+pgworker enqueue --batch scans-2026-12-01 --labels '{"owner": "ocr"}' --from s3://scans/2026-12-01/`,
 }
 
 func (c *CLI) enqueue(ctx context.Context, e *env, args []string) error {
@@ -89,11 +102,24 @@ func (c *CLI) enqueue(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer done()
+	if f.batch != "" && f.labels != nil {
+		if err := q.CreateBatch(ctx, f.batch, f.labels); err != nil {
+			return explain(err)
+		}
+	}
 	l := &loader{q: q, opts: opts, logger: inv.logger(), size: f.batchSize, batch: make([]string, 0, f.batchSize)}
 	if err := l.load(ctx, e, lister, inv.fs.Args()); err != nil {
 		return l.stopped(err)
 	}
-	fmt.Fprintf(e.stdout, "enqueued %d %s into queue %q\n", l.committed, plural(l.committed, "row", "rows"), opts.Queue)
+	into := fmt.Sprintf("queue %q", opts.Queue)
+	if f.batch != "" {
+		into += fmt.Sprintf(", batch %q", f.batch)
+	}
+	if opts.KeyBySource {
+		fmt.Fprintf(e.stdout, "queued %d, already there %d (%s)\n", l.committed, l.existing, into)
+	} else {
+		fmt.Fprintf(e.stdout, "queued %d %s (%s)\n", l.committed, plural(l.committed, "row", "rows"), into)
+	}
 	return nil
 }
 
@@ -105,6 +131,10 @@ type enqueueFlags struct {
 	payload     string
 	batchSize   int
 	from        string
+	batch       string
+	labelsText  string
+	labels      json.RawMessage
+	noKey       bool
 }
 
 func (f *enqueueFlags) add(fs *flagSet) {
@@ -113,9 +143,13 @@ func (f *enqueueFlags) add(fs *flagSet) {
 	fs.IntVar(&f.priority, "priority", 0, "row priority `N`: larger runs first")
 	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "`N` attempts before a row ends failed (default: the table's, 5)")
 	fs.StringVar(&f.payload, "payload", "{}", "`JSON` object stored with every row and handed to the program (PGWORKER_PAYLOAD); at most 1 MiB")
-	fs.IntVar(&f.batchSize, "batch-size", defaultBatchSize, "`N` rows per COPY batch and transaction")
-	fs.env("batch-size", "PGWORKER_BATCH_SIZE")
+	fs.IntVar(&f.batchSize, "chunk-size", defaultBatchSize, "`N` rows per COPY batch and transaction")
+	fs.env("chunk-size", "PGWORKER_CHUNK_SIZE")
 	fs.StringVar(&f.from, "from", "", "enqueue every object under this `URL` (s3://bucket/prefix or file:///dir)")
+	fs.StringVar(&f.batch, "batch", "", "the batch (data set) `NAME` the rows belong to")
+	fs.env("batch", "PGWORKER_BATCH")
+	fs.StringVar(&f.labelsText, "labels", "", "`JSON` object describing the batch (with --batch)")
+	fs.BoolVar(&f.noKey, "no-key", false, "do not key rows by their source: the same source enqueued twice is queued twice")
 }
 
 // check validates the flags, before anything touches the database, and
@@ -134,13 +168,26 @@ func (f *enqueueFlags) check(fs *flagSet) (*queue.EnqueueOpts, error) {
 		return nil, usagef("--max-attempts must be at least 1")
 	}
 	if f.batchSize < 1 || f.batchSize > 1_000_000 {
-		return nil, usagef("--batch-size must be between 1 and 1000000")
+		return nil, usagef("--chunk-size must be between 1 and 1000000")
 	}
 	payload, err := checkPayload(f.payload)
 	if err != nil {
 		return nil, err
 	}
-	opts := &queue.EnqueueOpts{Queue: f.queue, Priority: int32(f.priority), Payload: payload}
+	if f.batch != "" {
+		if err := queue.CheckBatch(f.batch); err != nil {
+			return nil, usagef("--batch: %v", err)
+		}
+	}
+	if f.labelsText != "" {
+		if f.batch == "" {
+			return nil, usagef("--labels describes a batch: give --batch too")
+		}
+		if f.labels, err = checkPayload(f.labelsText); err != nil {
+			return nil, usagef("--labels: %s", strings.TrimPrefix(err.Error(), "--payload "))
+		}
+	}
+	opts := &queue.EnqueueOpts{Queue: f.queue, Priority: int32(f.priority), Payload: payload, Batch: f.batch, KeyBySource: !f.noKey}
 	if fs.given("max-attempts") {
 		opts.MaxAttempts = int32(f.maxAttempts)
 	}
@@ -205,6 +252,7 @@ type loader struct {
 	first     position // of the batch being filled
 	last      position // of the last source added
 	committed int64
+	existing  int64    // sources skipped: their key was in the queue already
 	lastDone  position // last source of the last committed batch
 }
 
@@ -290,6 +338,7 @@ func (l *loader) flush(ctx context.Context) error {
 		return explain(err)
 	}
 	l.committed += n
+	l.existing += int64(len(l.batch)) - n
 	l.lastDone = l.last
 	l.logger.Debug("enqueue: batch loaded", "rows", n, "total", l.committed, "up_to", l.last.String())
 	l.batch = l.batch[:0]
@@ -314,7 +363,7 @@ func (l *loader) stopped(err error) error {
 	case len(l.batch) == 0:
 		what = fmt.Sprintf("the %d rows up to %s were enqueued", l.committed, l.lastDone)
 	default:
-		what = fmt.Sprintf("the batch from %s on was not enqueued; the %d rows up to %s were", l.first, l.committed, l.lastDone)
+		what = fmt.Sprintf("the chunk from %s on was not enqueued; the %d rows up to %s were", l.first, l.committed, l.lastDone)
 		if l.first.kind == "stdin line" {
 			what += fmt.Sprintf(" (to go on, feed line %d on: tail -n +%d FILE | pgworker enqueue ...)", l.first.n, l.first.n)
 		}

@@ -175,8 +175,8 @@ func TestEnqueueFrom(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	code := New(&Config{OpenLister: dirLister, LookupEnv: env}).Main(context.Background(),
-		[]string{"enqueue", "--queue", "listed", "--batch-size", "2", "--from", "file://" + dir}, nil, &stdout, &stderr)
-	if code != ExitOK || stdout.String() != "enqueued 3 rows into queue \"listed\"\n" {
+		[]string{"enqueue", "--queue", "listed", "--chunk-size", "2", "--from", "file://" + dir}, nil, &stdout, &stderr)
+	if code != ExitOK || stdout.String() != "queued 3, already there 0 (queue \"listed\")\n" {
 		t.Fatalf("exit %d: %s %s", code, stdout.String(), stderr.String())
 	}
 	var n int
@@ -191,7 +191,7 @@ func TestEnqueueFrom(t *testing.T) {
 	stderr.Reset()
 	code = New(&Config{LookupEnv: env}).Main(context.Background(),
 		[]string{"enqueue", "--queue", "blob", "--from", "file://" + dir + "/sub"}, nil, &stdout, &stderr)
-	if code != ExitOK || stdout.String() != "enqueued 2 rows into queue \"blob\"\n" {
+	if code != ExitOK || stdout.String() != "queued 2, already there 0 (queue \"blob\")\n" {
 		t.Fatalf("--from with the default lister: exit %d: %s %s", code, stdout.String(), stderr.String())
 	}
 	pool.QueryRow(context.Background(), "SELECT count(*) FROM files.files WHERE queue = 'blob' AND source = $1",

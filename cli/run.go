@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/backend"
+	"github.com/pgworker/pgworker/migrations"
 	"github.com/pgworker/pgworker/pipeline"
 	"github.com/pgworker/pgworker/worker"
 )
@@ -80,6 +82,9 @@ type RunConfig struct {
 	SlotsMin, SlotsMax int
 	// Queues to serve; nil means all.
 	Queues []string
+	// Then is the queue that each completed row's outputs are enqueued
+	// into (--then); "" for none.
+	Then string
 
 	Timeout      time.Duration // per row; 0 means none
 	Heartbeat    time.Duration
@@ -144,7 +149,7 @@ type runFlags struct {
 	exec, slots, metricsAddr, workDir, listenURL              string
 	inputStore, outputStore                                   string
 	queues, passEnv                                           listFlag
-	runAs                                                     string
+	runAs, then                                               string
 	rowLogLines, rowLogBytes                                  int
 	timeout, heartbeat, leaseTimeout, drainTimeout, killGrace time.Duration
 	maxOutputFiles                                            int
@@ -187,6 +192,8 @@ func (f *runFlags) add(fs *flagSet) {
 	fs.env("output-store", "PGWORKER_OUTPUT_STORE")
 	fs.Var(&f.passEnv, "pass-env", "hand the environment variable `NAME` to the program although it is withheld by default (repeatable); the twin takes a comma-separated list")
 	fs.env("pass-env", "PGWORKER_PASS_ENV")
+	fs.StringVar(&f.then, "then", "", "enqueue each output of a completed row into `QUEUE`, the next stage (keyed by its key, in the row's batch; needs --queue, and --output-store is the next stage's --input-store)")
+	fs.env("then", "PGWORKER_THEN")
 	fs.StringVar(&f.runAs, "run-as", "", "run the program as this `USER` (name, uid, or UID:GID); the worker must start as root")
 	fs.env("run-as", "PGWORKER_RUN_AS")
 	fs.IntVar(&f.rowLogLines, "row-log-lines", 1000, "lines of the program's output logged per row; past them one line says how many more were not (0: none)")
@@ -207,8 +214,18 @@ func (f *runFlags) check(fs *flagSet) (*RunConfig, error) {
 	if f.maxOutputFiles < 0 {
 		return nil, usagef("--max-output-files must not be negative (0 means no bound)")
 	}
+	if f.then != "" {
+		switch {
+		case !migrations.ValidQueueName(f.then):
+			return nil, usagef("--then must have 1 to %d characters", migrations.MaxQueueNameLength)
+		case len(f.queues) == 0:
+			return nil, usagef("--then needs --queue: a worker of every queue would take the rows it enqueues into %q", f.then)
+		case slices.Contains(f.queues, f.then):
+			return nil, usagef("--then %q is one of the worker's own --queue: its outputs would come back to it, without end", f.then)
+		}
+	}
 	cfg := &RunConfig{
-		Exec: f.exec, Queues: f.queues, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
+		Exec: f.exec, Queues: f.queues, Then: f.then, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
 		DrainTimeout: f.drainTimeout, KillGrace: f.killGrace, MetricsAddr: f.metricsAddr, WorkDir: f.workDir,
 		MaxOutputFiles: noBound(f.maxOutputFiles), MaxOutputBytes: noBound(int64(f.maxOutputBytes)),
 		InputStore: f.inputStore, OutputStore: f.outputStore, ListenURL: f.listenURL, Version: version(),

@@ -16,10 +16,12 @@ var statusCommand = &command{
 	summary: "show queues, live workers and per-worker metrics",
 	help: `
 Shows, from one consistent snapshot of the views files.queue_stats,
-files.active_workers and files.worker_metrics:
+files.batch_progress, files.active_workers and files.worker_metrics:
 
   - each queue: rows per state, the age of the oldest pending row, rows
     finished in the last minute and hour;
+  - each batch that is open or ended in the last hour: a progress bar, rows
+    per state, the recent rate and the time left at that rate;
   - each live worker slot: the row it holds and for how long, its last
     heartbeat;
   - per slot: attempts processed, failed and lost, failure rate, mean and
@@ -39,7 +41,10 @@ whose fields are stable:
                "running_for_seconds", "lease_expires_at"}],
    "worker_metrics": [{"worker_id", "node", "pid", "slot", "state",
                "processed", "done", "failed", "lost", "failure_rate",
-               "mean_seconds", "p95_seconds", "last_seen"}]}
+               "mean_seconds", "p95_seconds", "last_seen"}],
+   "batches": [{"batch", "labels", "total", "pending", "running", "done",
+               "failed", "cancelled", "percent", "rate", "eta_seconds",
+               "created_at", "finished_at"}]}
 
 Times are RFC 3339; durations are seconds; unknown values are null. An idle
 slot appears in active_workers with file_id null.`,
@@ -81,6 +86,10 @@ func printStatus(w io.Writer, st *queue.Status, allSeen bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	printQueues(tw, st.Queues)
 	fmt.Fprintln(tw)
+	if len(st.Batches) > 0 {
+		printBatches(tw, st.Batches)
+		fmt.Fprintln(tw)
+	}
 	printActiveWorkers(tw, st.ActiveWorkers)
 	fmt.Fprintln(tw)
 	printWorkerMetrics(tw, st, allSeen)
@@ -96,6 +105,25 @@ func printQueues(w io.Writer, queues []queue.QueueStatus) {
 	for _, q := range queues {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\n", printable(q.Queue), yesNo(q.Paused), q.Pending, q.Scheduled,
 			q.Running, q.Done, q.Failed, q.Cancelled, secondsText(q.OldestPendingSeconds), q.FinishedLastMinute, q.FinishedLastHour)
+	}
+}
+
+func printBatches(w io.Writer, batches []queue.BatchProgress) {
+	fmt.Fprintln(w, "BATCH\tPROGRESS\tDONE\tFAILED\tCANCELLED\tRUNNING\tPENDING\tRATE\tETA")
+	for i := range batches {
+		b := &batches[i]
+		rate, eta := "-", "-"
+		if b.Rate > 0 && !b.Finished() {
+			rate = fmt.Sprintf("%.1f/s", b.Rate)
+		}
+		switch {
+		case b.FinishedAt != nil:
+			eta = "ended"
+		case b.ETASeconds != nil:
+			eta = secondsText(b.ETASeconds)
+		}
+		fmt.Fprintf(w, "%s\t%s %5.1f%%\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", printable(b.Batch), bar(b.Percent, 20), b.Percent,
+			b.Done, b.Failed, b.Cancelled, b.Running, b.Pending, rate, eta)
 	}
 }
 

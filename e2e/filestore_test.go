@@ -28,7 +28,7 @@ func TestFileStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := s.Pgworker(nil, "enqueue", "--from", in, "--max-attempts", "1")
-	if res.Code != 0 || !strings.Contains(res.Stdout, "enqueued 4 rows") {
+	if res.Code != 0 || !strings.Contains(res.Stdout, "queued 4,") {
 		t.Fatalf("enqueue --from: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 	s.start("--exec", summarize+" {input} {output_dir}", "--slots", "2", "--input-store", in, "--output-store", out)

@@ -82,8 +82,8 @@ func TestFleet(t *testing.T) {
 	}
 
 	sources := append(append([]string{}, keys...), keys[:100]...)
-	res := s.Pgworker(strings.NewReader(strings.Join(sources, "\n")+"\n"), "enqueue", "--batch-size", "128")
-	if res.Code != 0 || !strings.Contains(res.Stdout, "enqueued 300 rows") {
+	res := s.Pgworker(strings.NewReader(strings.Join(sources, "\n")+"\n"), "enqueue", "--chunk-size", "128")
+	if res.Code != 0 || !strings.Contains(res.Stdout, "queued 300,") {
 		t.Fatalf("enqueue: exit %d, stdout %q, stderr %q", res.Code, res.Stdout, res.Stderr)
 	}
 	start := time.Now()

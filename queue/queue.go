@@ -49,6 +49,7 @@ type DB interface {
 
 // executor is what the statements need: a DB or a pgx.Tx.
 type executor interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -92,6 +93,12 @@ var (
 	ErrPayloadTooLarge = errors.New("payload too large")
 	// ErrNoQueue is a queue that does not exist (Resume).
 	ErrNoQueue = errors.New("no such queue")
+	// ErrInvalidBatch is a batch name that is empty, longer than
+	// migrations.MaxBatchNameLength characters or holds a control
+	// character.
+	ErrInvalidBatch = fmt.Errorf("a batch name has 1 to %d characters and no control characters", migrations.MaxBatchNameLength)
+	// ErrNoBatch is a batch that does not exist.
+	ErrNoBatch = errors.New("no such batch")
 )
 
 // CheckQueue returns ErrInvalidQueue (wrapped, with the name) unless q is a

@@ -39,6 +39,8 @@ type Status struct {
 	Queues        []QueueStatus   `json:"queues"`
 	ActiveWorkers []ActiveWorker  `json:"active_workers"`
 	WorkerMetrics []WorkerMetrics `json:"worker_metrics"`
+	// Batches are the open batches and those finished in the last hour.
+	Batches []BatchProgress `json:"batches"`
 }
 
 // QueueStatus is one queue of files.queue_stats, its states side by side.
@@ -131,6 +133,9 @@ func readStatus(ctx context.Context, tx pgx.Tx, allSeen bool) (*Status, error) {
 		return nil, err
 	}
 	if st.WorkerMetrics, err = readWorkerMetrics(ctx, tx, allSeen); err != nil {
+		return nil, err
+	}
+	if st.Batches, err = readBatches(ctx, tx, st.GeneratedAt.Add(-time.Hour), statusBatches); err != nil {
 		return nil, err
 	}
 	return st, nil

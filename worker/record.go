@@ -123,6 +123,7 @@ type recorder struct {
 	logger   *slog.Logger
 	lease    time.Duration // bounds one statement
 	maxBatch int
+	then     *string // Config.Then; nil for none
 
 	mu     sync.Mutex
 	queue  []*outcome    // in order of submission
@@ -341,7 +342,7 @@ func (r *recorder) completeMany(ctx context.Context, obs []*outcome) (map[int64]
 		o := obs[0]
 		var took bool
 		if err := r.pool.QueryRow(ctx, sqlCompleteOne, o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt),
-			o.t.row.Token, o.result, o.report).Scan(&took); err != nil {
+			o.t.row.Token, o.result, o.report, r.then).Scan(&took); err != nil {
 			return nil, err
 		}
 		return map[int64]bool{o.t.row.ID: took}, nil
@@ -352,7 +353,7 @@ func (r *recorder) completeMany(ctx context.Context, obs []*outcome) (map[int64]
 		ids[i], wids[i], attempts[i], tokens[i] = o.t.row.ID, o.t.row.WorkerID, int32(o.t.row.Attempt), o.t.row.Token
 		results[i], reports[i] = o.result, o.report
 	}
-	rows, err := r.pool.Query(ctx, sqlComplete, ids, wids, attempts, tokens, results, reports)
+	rows, err := r.pool.Query(ctx, sqlComplete, ids, wids, attempts, tokens, results, reports, r.then)
 	if err != nil {
 		return nil, err
 	}

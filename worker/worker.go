@@ -69,8 +69,8 @@ const (
 	sqlHeartbeat   = `SELECT worker_id, file_id, attempt FROM files.heartbeat($1, VARIADIC $2::text[])`
 	sqlReap        = `SELECT files.reap()`
 	sqlRelease     = `SELECT files.release($1::bigint, $2, $3::integer, $4, $5)`
-	sqlComplete    = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::jsonb[])`
-	sqlCompleteOne = `SELECT files.complete($1::bigint, $2, $3::integer, $4, $5::jsonb, $6::jsonb)`
+	sqlComplete    = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::jsonb[], $7::text)`
+	sqlCompleteOne = `SELECT files.complete($1::bigint, $2, $3::integer, $4, $5::jsonb, $6::jsonb, $7::text)`
 	sqlFail        = `SELECT id, state, run_after FROM files.fail_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::boolean[], $7::jsonb[])`
 )
 
@@ -160,6 +160,12 @@ type Config struct {
 	// batch; a slot takes its next row while its outcome waits. Defaults
 	// to 1000.
 	MaxBatch int
+
+	// Then is the queue of the next stage: when a row completes, each
+	// output of its result (Result.Output's manifest, outputs[i].key)
+	// becomes a row of Then, in the same transaction, with the row's batch,
+	// priority and payload. It must not be one of Queues. Defaults to none.
+	Then string
 
 	// Observer receives an event when a row starts and when it ends, for
 	// metrics and per-row logs. Defaults to none.
@@ -292,6 +298,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if heartbeat >= lease {
 		return nil, fmt.Errorf("worker: heartbeat interval %s must be shorter than the lease timeout %s", heartbeat, lease)
 	}
+	if cfg.Then != "" && (len(cfg.Queues) == 0 || slices.Contains(cfg.Queues, cfg.Then)) {
+		return nil, fmt.Errorf("worker: Then %q would feed the worker its own outputs: name the queues it serves (Queues), without Then", cfg.Then)
+	}
 	minSlots := max(cfg.Slots, 1)
 	w := &Worker{
 		pool:        pool,
@@ -340,6 +349,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	w.unsettled = make(chan struct{}, w.maxSlots)
 
 	w.rec = newRecorder(pool, w, w.logger, w.lease, orPositive(cfg.MaxBatch, 1000))
+	if cfg.Then != "" {
+		w.rec.then = &cfg.Then
+	}
 	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
 	if w.maxSlots > minSlots {
 		threshold := cfg.ScaleThreshold
