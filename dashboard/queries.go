@@ -109,6 +109,9 @@ WHERE a.file_id = ANY ($1::bigint[])
 ORDER BY a.file_id DESC, a.attempt DESC, a.id DESC
 LIMIT $2`
 
+	// For the pages whose queries stop at their first matches.
+	sqlNoParallel = `SET LOCAL max_parallel_workers_per_gather = 0`
+
 	// The result of a row, for its outputs.
 	sqlResult = `SELECT f.result FROM files.files f WHERE f.id = $1`
 )

@@ -102,7 +102,7 @@ func (d *Dashboard) readRow(ctx context.Context, id int64) (*rowBody, error) {
 			body.Manifest = d.outputs(id, []byte(*result))
 		}
 	}
-	atts, err := d.readAttempts(ctx, []int64{id}, maxAttempts)
+	atts, err := d.readAttempts(ctx, d.pool, []int64{id}, maxAttempts)
 	if err != nil {
 		return nil, err
 	}
@@ -165,9 +165,14 @@ func (d *Dashboard) storeKey(rawURL string) (string, error) {
 	return rel, nil
 }
 
-func (d *Dashboard) readAttempts(ctx context.Context, ids []int64, limit int) ([]attemptView, error) {
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (d *Dashboard) readAttempts(ctx context.Context, db querier, ids []int64, limit int) ([]attemptView, error) {
 	d.hub.pageQueries.Add(1)
-	rows, err := d.pool.Query(ctx, sqlAttempts, ids, limit, maxErrorChars, maxStderrChars)
+	rows, err := db.Query(ctx, sqlAttempts, ids, limit, maxErrorChars, maxStderrChars)
 	if err != nil {
 		return nil, err
 	}
@@ -201,10 +206,27 @@ type failedRow struct {
 	Attempts             []attemptView
 }
 
+// readGroup reads a page of a failure group in a read-only transaction
+// without parallel workers: the page walks the primary key backwards to
+// its first 51 matches, which one process does sooner than starting more.
 func (d *Dashboard) readGroup(ctx context.Context, key string, before *int64) (*groupRows, error) {
+	var g *groupRows
+	err := pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		d.hub.pageQueries.Add(1)
+		if _, err := tx.Exec(ctx, sqlNoParallel); err != nil {
+			return err
+		}
+		var err error
+		g, err = d.readGroupIn(ctx, tx, key, before)
+		return err
+	})
+	return g, err
+}
+
+func (d *Dashboard) readGroupIn(ctx context.Context, tx pgx.Tx, key string, before *int64) (*groupRows, error) {
 	g := &groupRows{Key: key, Before: before}
 	d.hub.pageQueries.Add(1)
-	rows, err := d.pool.Query(ctx, sqlFailureRows, groupKeyChars, before, failurePage+1, maxSourceChars, maxErrorChars, key)
+	rows, err := tx.Query(ctx, sqlFailureRows, groupKeyChars, before, failurePage+1, maxSourceChars, maxErrorChars, key)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +253,7 @@ func (d *Dashboard) readGroup(ctx context.Context, key string, before *int64) (*
 	for i, f := range g.Rows {
 		ids[i] = f.ID
 	}
-	atts, err := d.readAttempts(ctx, ids, failurePage*20)
+	atts, err := d.readAttempts(ctx, tx, ids, failurePage*20)
 	if err != nil {
 		return nil, err
 	}
