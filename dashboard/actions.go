@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -136,7 +137,11 @@ func (d *Dashboard) action(w http.ResponseWriter, r *http.Request) {
 	}
 	d.logger.Info("dashboard: action", "action", name, "user", who, "remote", r.RemoteAddr,
 		"ids", r.PostForm["id"], "queue", r.PostForm.Get("queue"), "result", text)
-	d.hub.ask(true)
+	// The pages show what the action did from now on: the snapshot they
+	// are rendered from is read after it.
+	ctx, cancel := context.WithTimeout(r.Context(), d.cfg.QueryTimeout)
+	_, _ = d.hub.since(ctx, time.Now())
+	cancel()
 	d.message(w, http.StatusOK, "Done", text, back)
 }
 
