@@ -27,8 +27,12 @@ demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exi
 	$(GO) run ./internal/cmd/demo --pgworker $(BIN)/pgworker
 
 .PHONY: test
-test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO servers
-	$(WITH_SERVICES) $(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./...
+test: tools ## Run all tests with -race against throwaway PostgreSQL and MinIO servers, and deploy/check's
+	$(WITH_SERVICES) sh -c '$(GO) test -race -count=1 -timeout 15m $(TEST_FLAGS) ./... && cd deploy/check && $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) ./...'
+
+.PHONY: test-deploy
+test-deploy: ## Check the Kubernetes, KEDA, Docker, Prometheus and Grafana files (the module deploy/check) against a throwaway PostgreSQL
+	$(WITH_SERVICES) sh -c 'cd deploy/check && $(GO) test -count=1 -timeout 15m $(TEST_FLAGS) ./...'
 
 .PHONY: test-short
 test-short: ## Run the tests without the slow ones (-short)
@@ -54,7 +58,9 @@ bench-peers: ## Run the River peer benchmark (bench/peers) alone on a throwaway 
 lint: ## gofmt, go vet and staticcheck
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	cd deploy/check && $(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	cd deploy/check && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 .PHONY: schema
 schema: ## Check that sql/schema.sql builds the same catalog as migrations/

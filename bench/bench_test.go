@@ -216,7 +216,7 @@ func TestEnqueue(t *testing.T) {
 	load := copyLines(pool)
 	res, err := b.Enqueue(context.Background(), &bench.EnqueueConfig{
 		Rows: 1234,
-		Load: func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+		Load: func(ctx context.Context, queue string, batchSize int, noKey bool, r io.Reader) error {
 			if queue != bench.Queue || batchSize != 10000 {
 				t.Errorf("Load(%q, %d)", queue, batchSize)
 			}
@@ -241,7 +241,7 @@ func TestEnqueue(t *testing.T) {
 	}
 	_, err = b.Enqueue(context.Background(), &bench.EnqueueConfig{
 		Rows: 10,
-		Load: func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+		Load: func(ctx context.Context, queue string, batchSize int, _ bool, r io.Reader) error {
 			return load(ctx, queue, batchSize, io.LimitReader(r, 5*18)) // five lines
 		},
 	})

@@ -16,17 +16,27 @@ type EnqueueConfig struct {
 	// BatchSize is the rows per COPY batch and transaction that Load is
 	// asked to use. Defaults to 10,000, pgworker enqueue's default.
 	BatchSize int
+	// Present is the share of the sources (0 to 1) enqueued before the
+	// timed run, spread evenly, as when an enqueue runs again after it
+	// stopped halfway. Defaults to 0.
+	Present float64
+	// NoKey enqueues without keying rows by source (pgworker enqueue
+	// --no-key): plain COPY, nothing skipped. Defaults to false.
+	NoKey bool
 	// Load enqueues the sources that r yields, one per line, into queue,
-	// in batches of batchSize rows. Required: the cli package passes the
-	// `pgworker enqueue` command itself, so that its code path is measured.
-	Load func(ctx context.Context, queue string, batchSize int, r io.Reader) error
+	// in batches of batchSize rows (noKey as pgworker enqueue --no-key).
+	// Required: the cli package passes the `pgworker enqueue` command
+	// itself, so that its code path is measured.
+	Load func(ctx context.Context, queue string, batchSize int, noKey bool, r io.Reader) error
 }
 
 // EnqueueResult is what Enqueue measured.
 type EnqueueResult struct {
 	Setup
-	Rows      int `json:"rows"`
-	BatchSize int `json:"batch_size"`
+	Rows      int     `json:"rows"`
+	BatchSize int     `json:"batch_size"`
+	Present   float64 `json:"present"`
+	Keyed     bool    `json:"keyed"`
 	// ElapsedMS runs from the call of Load, which connects, to its return,
 	// when the last batch is committed.
 	ElapsedMS  float64 `json:"elapsed_ms"`
@@ -43,12 +53,23 @@ func (b *Bench) Enqueue(ctx context.Context, cfg *EnqueueConfig) (*EnqueueResult
 	c := *cfg
 	c.Rows = orDefault(c.Rows, 1_000_000)
 	c.BatchSize = orDefault(c.BatchSize, 10_000)
-	res := &EnqueueResult{Rows: c.Rows, BatchSize: c.BatchSize}
+	if c.Present < 0 || c.Present >= 1 || (c.Present > 0 && c.NoKey) {
+		return nil, errors.New("bench: EnqueueConfig.Present is a share below 1, of keyed rows")
+	}
+	res := &EnqueueResult{Rows: c.Rows, BatchSize: c.BatchSize, Present: c.Present, Keyed: !c.NoKey}
 	err := b.run(ctx, "enqueue", func(ctx context.Context) error {
 		res.Setup = b.setup("enqueue")
-		b.logger.Info("bench: enqueueing", "rows", c.Rows, "batch_size", c.BatchSize)
+		if c.Present > 0 {
+			pre := newLines("enqueue/", c.Rows)
+			pre.every = int(1 / c.Present)
+			b.logger.Info("bench: enqueueing the rows already there", "every", pre.every)
+			if err := c.Load(ctx, Queue, c.BatchSize, false, pre); err != nil {
+				return fmt.Errorf("bench: enqueue: %w", err)
+			}
+		}
+		b.logger.Info("bench: enqueueing", "rows", c.Rows, "batch_size", c.BatchSize, "present", c.Present)
 		t := time.Now()
-		if err := c.Load(ctx, Queue, c.BatchSize, newLines("enqueue/", c.Rows)); err != nil {
+		if err := c.Load(ctx, Queue, c.BatchSize, c.NoKey, newLines("enqueue/", c.Rows)); err != nil {
 			return fmt.Errorf("bench: enqueue: %w", err)
 		}
 		elapsed := time.Since(t)
@@ -69,10 +90,12 @@ func (b *Bench) Enqueue(ctx context.Context, cfg *EnqueueConfig) (*EnqueueResult
 	return res, nil
 }
 
-// lines yields n lines prefix000000001 ... as a stream, built as read.
+// lines yields n lines prefix000000001 ... as a stream, built as read;
+// with every > 1, only every every'th of them.
 type lines struct {
 	prefix string
 	n, i   int
+	every  int
 	buf    []byte
 }
 
@@ -84,6 +107,9 @@ func (l *lines) Read(p []byte) (int, error) {
 	}
 	for len(l.buf) < len(p) && l.i < l.n {
 		l.i++
+		if l.every > 1 && l.i%l.every != 0 {
+			continue
+		}
 		l.buf = append(l.buf, l.prefix...)
 		s := strconv.Itoa(l.i)
 		for range 9 - len(s) {

@@ -51,7 +51,7 @@ pgworker wait --batch nightly --timeout 6h || echo "not all done: $?"`,
 
 var resultsCommand = &command{
 	name:    "results",
-	args:    "--batch NAME [--format jsonl|csv] [--state S]... [--download DIR] [flags]",
+	args:    "--batch NAME [--format jsonl|csv] [--state S]... [--queue Q]... [--download DIR] [flags]",
 	summary: "list the rows of a batch and what they produced; download the outputs",
 	help: `
 Writes one line per row of the batch, in id order: id, queue, source, state,
@@ -66,11 +66,13 @@ attempts, outputs (a JSON array as above), last_error.
 
 --download DIR fetches every output from --output-store into DIR, under its
 key; each is streamed, checked against its sha256, and a key that would
-leave DIR is refused.`,
+leave DIR is refused. The stages of a chain write to stores of their own:
+download each with --queue STAGE and its --output-store.`,
 	examples: `
 pgworker results --batch scans-2026-12-01 > results.jsonl
 pgworker results --batch nightly --state failed --format csv
-pgworker results --batch nightly --download ./out --output-store s3://results/nightly`,
+pgworker results --batch nightly --download ./out --output-store s3://results/nightly
+pgworker results --batch films --queue thumbnails --download ./thumbs --output-store s3://thumbs`,
 }
 
 // batchFlag adds --batch, required.
@@ -308,8 +310,9 @@ func bar(percent float64, width int) string {
 func (c *CLI) results(ctx context.Context, e *env, args []string) error {
 	inv := e.invocation(resultsCommand)
 	var batch, format, download, outputStore string
-	var states listFlag
+	var states, queues listFlag
 	batchFlag(inv.fs, &batch)
+	inv.fs.Var(&queues, "queue", "only rows of `QUEUE` (a stage of a chain); repeat for several")
 	inv.fs.StringVar(&format, "format", "jsonl", "`FORMAT` of the lines: jsonl or csv")
 	inv.fs.Var(&states, "state", "only rows in `STATE` (pending, running, done, failed, cancelled); repeat for several")
 	inv.fs.StringVar(&download, "download", "", "fetch every output into `DIR`, checked against its sha256")
@@ -344,7 +347,7 @@ func (c *CLI) results(ctx context.Context, e *env, args []string) error {
 	}
 	defer done()
 	out := newResultWriter(e.stdout, format)
-	err = q.Results(ctx, batch, &queue.ResultsOpts{States: states}, func(r *queue.ResultRow) error {
+	err = q.Results(ctx, batch, &queue.ResultsOpts{States: states, Queues: queues}, func(r *queue.ResultRow) error {
 		if fetch != nil {
 			if err := fetch.row(ctx, r); err != nil {
 				return err

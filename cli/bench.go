@@ -32,6 +32,8 @@ setup (--json: one JSON object on one line).
   herd         many idle processes, one row at a time: claim queries per row
                and per process per wake-up, counted by the server
   enqueue      rows/s through pgworker enqueue's COPY path
+  batches      files.batch_progress and the export of a batch (pgworker
+               results) at millions of rows
   pipeline     rows/s of download, program, upload through MinIO or S3,
                beside the same steps in a loop with no queue at all
 
@@ -106,13 +108,28 @@ claim_queries_per_process_per_wakeup, and the runtimes' own counts.`,
 		examples: "pgworker bench herd --processes 20 --slots 50\npgworker bench herd --processes 5 --rows 20 --json",
 	},
 	"enqueue": {
-		name: "bench enqueue", args: "[--rows N] [--chunk-size N] [--json] [flags]",
+		name: "bench enqueue", args: "[--rows N] [--chunk-size N] [--present P] [--no-key] [--json] [flags]",
 		help: `
 Runs pgworker enqueue itself on --rows generated sources fed as lines of
 standard input, into queue pgworker-bench, and times it from its start
-(connecting included) to the commit of the last batch. JSON: rows_per_sec,
-elapsed_ms, batch_size.`,
+(connecting included) to the commit of the last batch. Rows are keyed by
+their source, as pgworker enqueue does unless --no-key; --present enqueues
+that share of the sources first (not timed), as when an enqueue runs again
+after it stopped halfway. JSON: rows_per_sec, elapsed_ms, batch_size,
+present, keyed.`,
 		examples: "pgworker bench enqueue --rows 1000000\npgworker bench enqueue --rows 100000 --chunk-size 1000 --json",
+	},
+	"batches": {
+		name: "bench batches", args: "[--rows N] [--batches N] [--export-rows N] [--queries N] [--json] [flags]",
+		help: `
+Fills files.files with --rows rows in --batches batches (half of them done,
+with a result manifest each; inserted by the server, not timed), then times
+--queries reads of files.batch_progress, whole and for one batch, and the
+export of one batch of --export-rows rows through the queue package's
+Results, as pgworker results reads it. JSON: all_batches and one_batch
+(p50_ms, p99_ms, ...), export_rows_per_sec, peak_rss_mib (the process's
+peak resident memory after the export).`,
+		examples: "pgworker bench batches --rows 10000000\npgworker bench batches --rows 200000 --export-rows 100000 --json",
 	},
 	"pipeline": {
 		name: "bench pipeline", args: "--input-store URL --output-store URL [--rows N] [--slots N] [--json] [flags]",
@@ -138,7 +155,7 @@ redirection.`,
 }
 
 // benchModeOrder lists the modes for messages.
-const benchModeOrder = "throughput, latency, claim-depth, herd, enqueue or pipeline"
+const benchModeOrder = "throughput, latency, claim-depth, herd, enqueue, batches or pipeline"
 
 func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
@@ -204,7 +221,9 @@ type benchFlags struct {
 	timeout time.Duration
 
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
-	rate                                                              float64
+	batches, exportRows                                               int
+	rate, present                                                     float64
+	noKey                                                             bool
 	depths, execCmd, inputStore, outputStore                          string
 	interval                                                          time.Duration
 	depthList                                                         []int // parsed from depths
@@ -234,6 +253,13 @@ func (f *benchFlags) add(fs *flagSet) {
 	case "enqueue":
 		fs.IntVar(&f.rows, "rows", 1_000_000, "`N` sources to enqueue")
 		fs.IntVar(&f.batchSize, "chunk-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --chunk-size")
+		fs.Float64Var(&f.present, "present", 0, "share `P` (0 to below 1) of the sources enqueued before the timed run, as after an enqueue stopped halfway")
+		fs.BoolVar(&f.noKey, "no-key", false, "enqueue without keys, as pgworker enqueue --no-key")
+	case "batches":
+		fs.IntVar(&f.rows, "rows", 10_000_000, "`N` rows in the table")
+		fs.IntVar(&f.batches, "batches", 10, "`N` batches the rows are spread over")
+		fs.IntVar(&f.exportRows, "export-rows", 1_000_000, "`N` rows of the batch that is exported")
+		fs.IntVar(&f.claims, "queries", 50, "`N` timed reads of each kind")
 	case "pipeline":
 		fs.IntVar(&f.rows, "rows", 2000, "`N` rows, one input object each")
 		fs.IntVar(&f.slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
@@ -253,7 +279,8 @@ func (f *benchFlags) check(fs *flagSet) error {
 		name    string
 		v, high int
 	}{{"rows", f.rows, 100_000_000}, {"slots", f.slots, 10_000}, {"max-conns", f.maxConns, 1000}, {"claims", f.claims, 1_000_000},
-		{"processes", f.processes, 500}, {"chunk-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000}} {
+		{"processes", f.processes, 500}, {"chunk-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000},
+		{"batches", f.batches, 10_000}, {"export-rows", f.exportRows, 100_000_000}, {"queries", f.claims, 1_000_000}} {
 		if fs.Lookup(fl.name) != nil && (fl.v < 1 || fl.v > fl.high) {
 			return usagef("--%s must be between 1 and %d", fl.name, fl.high)
 		}
@@ -270,6 +297,10 @@ func (f *benchFlags) check(fs *flagSet) error {
 		var err error
 		if f.depthList, err = parseDepths(f.depths); err != nil {
 			return err
+		}
+	case "enqueue":
+		if f.present < 0 || f.present >= 1 || (f.present > 0 && f.noKey) {
+			return usagef("--present must be at least 0 and below 1, without --no-key")
 		}
 	case "herd":
 		if f.interval < 0 {
@@ -300,7 +331,10 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 	case "herd":
 		return b.Herd(ctx, &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval})
 	case "enqueue":
-		return b.Enqueue(ctx, &bench.EnqueueConfig{Rows: f.rows, BatchSize: f.batchSize, Load: c.enqueueLoader(inv.env, &inv.db, &inv.logs)})
+		return b.Enqueue(ctx, &bench.EnqueueConfig{Rows: f.rows, BatchSize: f.batchSize, Present: f.present, NoKey: f.noKey,
+			Load: c.enqueueLoader(inv.env, &inv.db, &inv.logs)})
+	case "batches":
+		return b.Batches(ctx, &bench.BatchesConfig{Rows: f.rows, Batches: f.batches, Queries: f.claims, ExportRows: f.exportRows})
 	case "pipeline":
 		return benchPipeline(ctx, b, inv.logger(), &bench.PipelineConfig{Rows: f.rows, Slots: f.slots, ObjectSize: f.size, Rounds: f.rounds, Exec: f.execCmd},
 			f.inputStore, f.outputStore)
@@ -312,8 +346,8 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 // the benchmark (the URL through the environment, so that it is not taken
 // for one typed on the command line), on the sources the benchmark streams
 // in.
-func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
-	return func(ctx context.Context, queue string, batchSize int, r io.Reader) error {
+func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx context.Context, queue string, batchSize int, noKey bool, r io.Reader) error {
+	return func(ctx context.Context, queue string, batchSize int, noKey bool, r io.Reader) error {
 		lookup := func(name string) (string, bool) {
 			if name == "PGWORKER_DATABASE_URL" {
 				return db.url, true
@@ -325,6 +359,9 @@ func (c *CLI) enqueueLoader(e *env, db *dbFlags, logs *logFlags) func(ctx contex
 			"--log-format", logs.format, "--log-level", logs.level}
 		if db.statementMode != "" {
 			args = append(args, "--statement-mode", db.statementMode)
+		}
+		if noKey {
+			args = append(args, "--no-key")
 		}
 		return c.enqueue(ctx, sub, args)
 	}
@@ -394,6 +431,10 @@ func benchText(res any) string {
 			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost)
 	case *bench.EnqueueResult:
 		return fmt.Sprintf("enqueue: %d rows in %.2f s: %.0f rows/s (batches of %d)", r.Rows, r.ElapsedMS/1000, r.RowsPerSec, r.BatchSize)
+	case *bench.BatchesResult:
+		return fmt.Sprintf("batches: %d rows in %d batches: files.batch_progress whole p50 %.2f ms (p99 %.2f), one batch p50 %.2f ms (p99 %.2f); "+
+			"export of %d rows %.0f rows/s, peak RSS %.1f MiB", r.Rows, r.Batches, r.AllBatches.P50MS, r.AllBatches.P99MS,
+			r.OneBatch.P50MS, r.OneBatch.P99MS, r.ExportRows, r.ExportRowsPerSec, r.PeakRSSMiB)
 	case *bench.PipelineResult:
 		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: overhead %.1f%%",
 			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct)

@@ -177,6 +177,12 @@ func TestResults(t *testing.T) {
 	if lines[0]["source"] != "in/1" || len(lines[0]["outputs"].([]any)) != 2 || lines[2]["state"] != "failed" || lines[2]["last_error"] != "bad <input>" {
 		t.Errorf("lines: %v", lines)
 	}
+	if out := ok(t, url, "", "results", "--batch", "r", "--queue", "q"); out != "" {
+		t.Errorf("rows of batch r in queue q: %q, want none", out)
+	}
+	if n := strings.Count(ok(t, url, "", "results", "--batch", "r", "--queue", "q", "--queue", "r"), "\n"); n != 3 {
+		t.Errorf("rows of batch r in queues q and r: %d lines, want 3", n)
+	}
 	csvOut := ok(t, url, "", "results", "--batch", "r", "--format", "csv", "--state", "failed")
 	if want := "id,queue,source,state,attempts,outputs,last_error\n"; !strings.HasPrefix(csvOut, want) || strings.Count(csvOut, "\n") != 2 || !strings.Contains(csvOut, ",failed,1,[],bad <input>") {
 		t.Errorf("csv:\n%s", csvOut)
@@ -198,6 +204,14 @@ func TestResults(t *testing.T) {
 	}
 	fails(t, url, "", 1, []string{"does not match its manifest"}, "results", "--batch", "r", "--download", t.TempDir(), "--output-store", "file://"+store)
 	fails(t, url, "", 2, []string{"--output-store"}, "results", "--batch", "r", "--download", t.TempDir())
+	// A manifest naming a key that leads out of the directory is refused
+	// before anything is written.
+	exec(t, pool, `UPDATE files.files SET result = '{"outputs": [{"key": "../../escape.txt", "size": 8}]}' WHERE id = $1`, ids[1])
+	out := t.TempDir()
+	fails(t, url, "", 1, []string{"escape.txt"}, "results", "--batch", "r", "--download", filepath.Join(out, "d"), "--output-store", "file://"+store)
+	if entries, _ := os.ReadDir(out); len(entries) != 1 {
+		t.Errorf("%d entries next to the download directory, want only it", len(entries))
+	}
 	fails(t, url, "", 1, []string{"no such batch"}, "results", "--batch", "nope")
 	fails(t, url, "", 2, []string{"--format"}, "results", "--batch", "r", "--format", "xml")
 }

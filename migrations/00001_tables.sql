@@ -49,7 +49,7 @@ CREATE TABLE files.files (
     claim_token       text,
     claim_token_hash  bytea,
     batch             text,
-    unique_key        text,
+    unique_key        text        COLLATE "C",
     CONSTRAINT files_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
     CONSTRAINT files_source_not_empty CHECK (source <> ''),
     CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
@@ -193,7 +193,7 @@ COMMENT ON INDEX files.attempts_file_idx IS 'Attempts of a file; fenced outcome 
 -- on files.files would take a new entry at every claim and outcome.
 CREATE TABLE files.unique_keys (
     queue    text   NOT NULL,
-    key      text   NOT NULL,
+    key      text   COLLATE "C" NOT NULL,
     file_id  bigint NOT NULL,
     PRIMARY KEY (queue, key)
 );

@@ -534,10 +534,11 @@ BEGIN
             claim_token_hash = NULL
         WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
           AND f.claim_token_hash = sha256(convert_to(complete.token, 'UTF8'))
-        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.payload
+        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.max_attempts,
+                  CASE WHEN complete.then_queue IS NOT NULL THEN f.payload END AS payload
     ), next AS (
-        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch)
-        SELECT complete.then_queue, d.priority, d.payload, o.key, o.key, d.batch
+        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
+        SELECT complete.then_queue, d.priority, d.payload, o.key, o.key, d.batch, d.max_attempts
         FROM done d, files.output_keys(complete.result) AS o(key)
         WHERE complete.then_queue IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key)
@@ -563,7 +564,7 @@ $$;
 COMMENT ON FUNCTION files.complete(bigint, text, integer, text, jsonb, jsonb, text) IS
     'Fenced: marks the row done with result (stored on the row) and the worker''s report (exit_code, duration_ms, '
     'stderr_tail) on its attempt. With then_queue, each output of the result (result->''outputs''[i]->>''key'') becomes '
-    'a row of that queue in the same transaction, keyed by its key, with the row''s batch, priority and payload. '
+    'a row of that queue in the same transaction, keyed by its key, with the row''s batch, priority, payload and max_attempts. '
     'Returns false and changes nothing if the attempt no longer holds the row; raises an error if it does and token '
     'is not its claim token.';
 
@@ -609,10 +610,13 @@ BEGIN
               ORDER BY x.id) u
         WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
           AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
-        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.payload, f.result
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.max_attempts,
+                  -- Only a stage that feeds the next needs them.
+                  CASE WHEN complete_many.then_queue IS NOT NULL THEN f.payload END AS payload,
+                  CASE WHEN complete_many.then_queue IS NOT NULL THEN u.result END AS result
     ), next AS (
-        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch)
-        SELECT complete_many.then_queue, d.priority, d.payload, o.key, o.key, d.batch
+        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
+        SELECT complete_many.then_queue, d.priority, d.payload, o.key, o.key, d.batch, d.max_attempts
         FROM (SELECT * FROM done ORDER BY id) d, files.output_keys(d.result) AS o(key)
         WHERE complete_many.then_queue IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key)

@@ -238,8 +238,8 @@ func TestCompleteThenQueue(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
 	mustExec(t, pool, "SELECT files.register_worker('keeper', key => $1)", testKey)
-	mustExec(t, pool, `INSERT INTO files.files (queue, source, batch, priority, payload, unique_key)
-		VALUES ('stage1', 'in/a', 'chain', 7, '{"lang":"en"}', 'in/a'), ('stage1', 'in/b', 'chain', 0, '{}', 'in/b')`)
+	mustExec(t, pool, `INSERT INTO files.files (queue, source, batch, priority, payload, unique_key, max_attempts)
+		VALUES ('stage1', 'in/a', 'chain', 7, '{"lang":"en"}', 'in/a', 2), ('stage1', 'in/b', 'chain', 0, '{}', 'in/b', 2)`)
 	a := claimOne(t, pool, "w-a", "stage1")
 	b := claimOne(t, pool, "w-b", "stage1")
 	result := `{"outputs": [{"key": "1/1-x/a.txt"}, {"key": "1/1-x/b.txt"}, {"url": "no key"}]}`
@@ -255,7 +255,7 @@ func TestCompleteThenQueue(t *testing.T) {
 		t.Fatal("a second complete of the same attempt was accepted")
 	}
 	n := queryInt(t, pool, `SELECT count(*) FROM files.files WHERE queue = 'stage2' AND batch = 'chain' AND priority = 7
-		AND payload = '{"lang":"en"}' AND source = unique_key AND source IN ('1/1-x/a.txt', '1/1-x/b.txt')`)
+		AND payload = '{"lang":"en"}' AND max_attempts = 2 AND source = unique_key AND source IN ('1/1-x/a.txt', '1/1-x/b.txt')`)
 	if n != 2 {
 		t.Fatalf("%d rows in stage2 from the first completion, want 2", n)
 	}

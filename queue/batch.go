@@ -30,14 +30,19 @@ LIMIT $2`
 
 	sqlOneBatch = sqlBatchProgress + ` WHERE batch = $1`
 
-	// A page of a batch's rows after id $2, within the ids the batch has had.
+	// The ids a batch's rows have had.
+	sqlBatchBounds = `SELECT coalesce(first_id, 0), coalesce(last_id, 0) FROM files.batches WHERE batch = $1`
+
+	// A page of a batch's rows after id $2 and up to id $3: a range of the
+	// primary key, however large the table.
 	sqlBatchRows = `
 SELECT f.id, f.queue, f.source, f.state, f.attempt, f.result, f.last_error, f.finished_at
-FROM files.files f, files.batches b
-WHERE b.batch = $1 AND f.id > $2 AND f.id BETWEEN b.first_id AND b.last_id AND f.batch = $1
-  AND ($3::text[] IS NULL OR f.state = ANY ($3))
+FROM files.files f
+WHERE f.id > $2 AND f.id <= $3 AND f.batch = $1
+  AND ($4::text[] IS NULL OR f.state = ANY ($4))
+  AND ($6::text[] IS NULL OR f.queue = ANY ($6))
 ORDER BY f.id
-LIMIT $4`
+LIMIT $5`
 )
 
 // BatchProgress is one line of files.batch_progress.
@@ -185,6 +190,9 @@ type Asset struct {
 type ResultsOpts struct {
 	// States keeps only rows in these states. Defaults to all.
 	States []string
+	// Queues keeps only rows of these queues (the stages of a chain are
+	// queues of one batch). Defaults to all.
+	Queues []string
 	// PageSize is how many rows one query reads. Defaults to 5000.
 	PageSize int
 }
@@ -193,12 +201,21 @@ type ResultsOpts struct {
 // rows so that memory stays bounded however large the batch is. It stops
 // at the first error fn returns.
 func (c *Client) Results(ctx context.Context, batch string, opts *ResultsOpts, fn func(*ResultRow) error) error {
-	if _, err := c.Batch(ctx, batch); err != nil {
+	if err := CheckBatch(batch); err != nil {
 		return err
 	}
-	var states []string
+	var first, last int64
+	err := c.db.QueryRow(ctx, sqlBatchBounds, batch).Scan(&first, &last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("batch %q: %w", batch, ErrNoBatch)
+	}
+	if err != nil {
+		return fmt.Errorf("results of %q: %w", batch, err)
+	}
+	var states, queues []string
 	page := 5000
 	if opts != nil {
+		queues = opts.Queues
 		for _, s := range opts.States {
 			if !validState(s) {
 				return fmt.Errorf("state %q: give pending, running, done, failed or cancelled", s)
@@ -209,18 +226,18 @@ func (c *Client) Results(ctx context.Context, batch string, opts *ResultsOpts, f
 			page = opts.PageSize
 		}
 	}
-	after := int64(0)
+	after := first - 1
 	for {
-		n, last, err := c.resultsPage(ctx, batch, after, states, page, fn)
+		n, seen, err := c.resultsPage(ctx, batch, after, last, states, queues, page, fn)
 		if err != nil || n < page {
 			return err
 		}
-		after = last
+		after = seen
 	}
 }
 
-func (c *Client) resultsPage(ctx context.Context, batch string, after int64, states []string, page int, fn func(*ResultRow) error) (int, int64, error) {
-	rows, err := c.db.Query(ctx, sqlBatchRows, batch, after, states, page)
+func (c *Client) resultsPage(ctx context.Context, batch string, after, upTo int64, states, queues []string, page int, fn func(*ResultRow) error) (int, int64, error) {
+	rows, err := c.db.Query(ctx, sqlBatchRows, batch, after, upTo, states, page, queues)
 	if err != nil {
 		return 0, 0, fmt.Errorf("results of %q: %w", batch, err)
 	}

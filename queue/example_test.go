@@ -80,3 +80,37 @@ func ExampleClient_Pause() {
 	// known before: false
 	// true
 }
+
+// Enqueue a data set as a batch, keyed by source, then the same data set
+// again with one more object: only the new one is queued.
+func ExampleClient_EnqueueMany_batch() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("PGWORKER_DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	q := queue.New(pool, nil)
+	opts := &queue.EnqueueOpts{Queue: "scans", Batch: "scans-2026-12-01", KeyBySource: true}
+
+	n, err := q.EnqueueMany(ctx, []string{"a.tif", "b.tif", "c.tif"}, opts)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("queued", n)
+	n, err = q.EnqueueMany(ctx, []string{"a.tif", "b.tif", "c.tif", "d.tif"}, opts)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("queued", n)
+
+	p, err := q.Batch(ctx, "scans-2026-12-01")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("%s: %d rows, %d pending, finished %v\n", p.Batch, p.Total, p.Pending, p.Finished())
+	// Output:
+	// queued 3
+	// queued 1
+	// scans-2026-12-01: 4 rows, 4 pending, finished false
+}

@@ -18,6 +18,12 @@
 //	if _, err := q.EnqueueTx(ctx, tx, key, nil); err != nil { ... }
 //	err = tx.Commit(ctx) // the upload and its row, or neither
 //
+// A data set is a batch: rows enqueued with EnqueueOpts.Batch, keyed by
+// their source (EnqueueOpts.KeyBySource) so that enqueueing it again, or
+// after an enqueue stopped halfway, queues each source once. Batch reads its
+// progress (files.batch_progress), Results streams its rows with their
+// outputs, and channel ChannelBatch carries its name when its last row ends.
+//
 // The statements are calls of the SQL API (files.retry, files.cancel,
 // files.pause_queue, files.resume_queue, files.scaling_hint), reads of its
 // views, and inserts into files.files, whose trigger wakes the workers once

@@ -164,7 +164,7 @@ type Config struct {
 	// Then is the queue of the next stage: when a row completes, each
 	// output of its result (Result.Output's manifest, outputs[i].key)
 	// becomes a row of Then, in the same transaction, with the row's batch,
-	// priority and payload. It must not be one of Queues. Defaults to none.
+	// priority, payload and max attempts. It must not be one of Queues. Defaults to none.
 	Then string
 
 	// Observer receives an event when a row starts and when it ends, for

@@ -19,6 +19,9 @@ CREATE ROLE pgworker_node LOGIN IN ROLE pgworker_worker;
 CREATE ROLE pgworker_ops LOGIN IN ROLE pgworker_admin;
 -- Dashboards: read-only.
 CREATE ROLE pgworker_dashboard LOGIN IN ROLE pgworker_reader;
+-- KEDA's postgresql scaler (deploy/k8s/keda.yaml): reads files.scaling_hint.
+-- A few connections at most, whatever goes wrong in the cluster.
+CREATE ROLE pgworker_keda LOGIN CONNECTION LIMIT 5 IN ROLE pgworker_reader;
 -- PgBouncer's console users: no PostgreSQL login, only a password whose
 -- verifier goes into userlist.txt.
 CREATE ROLE pgbouncer_admin NOLOGIN;
