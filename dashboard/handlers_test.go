@@ -56,7 +56,7 @@ func TestPagesShowTheDatabase(t *testing.T) {
 	}
 
 	code, body, _ = s.get("/rows/" + strconv.FormatInt(ids[1], 10))
-	if code != 200 || !strings.Contains(body, "exit code") || !strings.Contains(body, "convert: no decode delegate") {
+	if code != 200 || !strings.Contains(body, "exit code") || !strings.Contains(body, "convert: no decode delegate") || !strings.Contains(body, "photos-2026") {
 		t.Errorf("row page: %d\n%s", code, body)
 	}
 	if code, _, _ := s.get("/rows/999999"); code != http.StatusNotFound {

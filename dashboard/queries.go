@@ -96,7 +96,7 @@ ORDER BY 1`
 SELECT f.id, f.queue, f.priority, left(f.source, $2), octet_length(f.source), f.state, f.worker_id, f.attempt,
        f.max_attempts, f.run_after, f.lease_expires_at, f.created_at, f.claimed_at, f.finished_at,
        left(f.last_error, $3), left(f.payload::text, $4), octet_length(f.payload::text),
-       left(f.result::text, $5), octet_length(f.result::text)
+       left(f.result::text, $5), octet_length(f.result::text), f.batch
 FROM files.files f
 WHERE f.id = $1`
 

@@ -36,6 +36,7 @@ type rowView struct {
 	Result                string
 	ResultBytes           int64
 	ResultCut             bool
+	Batch                 *string
 }
 
 // attemptView is one ended attempt.
@@ -84,7 +85,7 @@ func (d *Dashboard) readRow(ctx context.Context, id int64) (*rowBody, error) {
 	err := d.pool.QueryRow(ctx, sqlRow, id, maxSourceChars, maxErrorChars, maxPayloadChars, maxResultChars).Scan(
 		&v.ID, &v.Queue, &v.Priority, &v.Source, &v.SourceBytes, &v.State, &v.WorkerID, &v.Attempt, &v.MaxAttempts,
 		&v.RunAfter, &v.LeaseExpiresAt, &v.CreatedAt, &v.ClaimedAt, &v.FinishedAt, &lastErr, &v.Payload,
-		&v.PayloadBytes, &result, &resultSize)
+		&v.PayloadBytes, &result, &resultSize, &v.Batch)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errNoRow
 	}
