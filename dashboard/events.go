@@ -21,8 +21,8 @@ const keepAlive = 15 * time.Second
 // event per refresh, holding the page's live fragment. It reads nothing
 // from the database itself: the hub's loop does, for every stream at once.
 func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
-	page := r.URL.Query().Get("page")
-	if !livePages[page] {
+	page, node := r.URL.Query().Get("page"), r.URL.Query().Get("node")
+	if !livePages[page] || len(node) > maxNodeName {
 		http.Error(w, "page= names a live page: overview, workers, failures, queues or row", http.StatusBadRequest)
 		return
 	}
@@ -50,7 +50,7 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 		if s.gen == sent && sent != 0 {
 			return true
 		}
-		f, err := d.fragment(s, page)
+		f, err := d.fragment(s, page, node)
 		if err != nil {
 			d.logger.Error("dashboard: render event", "page", page, "error", err)
 			return false

@@ -262,3 +262,29 @@ func TestLogin(t *testing.T) {
 		t.Errorf("login on a read-only dashboard: %d, want 404", code)
 	}
 }
+
+// TestWorkersPageSumsUpLargeFleets: past 200 slots the Workers page lists
+// the nodes and the slots that stand out; each node's page lists all its
+// slots, and its event stream follows that node alone.
+func TestWorkersPageSumsUpLargeFleets(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, nil)
+	s.exec(`INSERT INTO files.workers (worker_id, node, pid, slot, state, version, last_heartbeat_at)
+	        SELECT 'node-' || (g / 16) || ':100:' || (g % 16), 'node-' || (g / 16), 100, g % 16, 'active', '0.9.0',
+	               CASE WHEN g = 37 THEN now() - interval '10 seconds' ELSE now() END
+	        FROM generate_series(0, 319) g`)
+	s.refresh()
+	_, body, _ := s.get("/workers")
+	if !strings.Contains(body, `<table class="nodes">`) || !strings.Contains(body, `data-worker="node-2:100:5"`) ||
+		strings.Contains(body, `data-worker="node-2:100:4"`) || strings.Count(body, `class="node-line`) != 20 {
+		t.Errorf("the Workers page of 320 slots should list 20 nodes and the silent slot node-2:100:5 alone:\n%.3000s", body)
+	}
+	_, body, _ = s.get("/workers?node=node-3")
+	if n := strings.Count(body, `data-worker="node-3:`); n != 16 || strings.Contains(body, `data-worker="node-2:`) {
+		t.Errorf("node-3's page lists %d of its 16 slots, or others'", n)
+	}
+	ev := s.openEvents("workers&node=node-3").await(t, "node-3's stream", func(sseEvent) bool { return true })
+	if n := strings.Count(ev.HTML, `data-worker="node-3:`); n != 16 || strings.Contains(ev.HTML, `data-worker="node-2:`) {
+		t.Errorf("node-3's stream lists %d of its 16 slots, or others'", n)
+	}
+}

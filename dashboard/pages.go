@@ -65,15 +65,27 @@ func (d *Dashboard) overview(r *http.Request, p *pageData) (string, int) {
 // --- Workers ---
 
 type workersBody struct {
+	// Summary: too many slots to list them all; each node is summed up,
+	// with its slots that need attention, and has a page of its own.
+	Summary                         bool
+	Node                            string // the one node shown, or ""
 	List                            []nodeView
 	Nodes, Live, Busy, Silent, Dead int
 	Truncated                       int
 }
 
-func newWorkersBody(s *snapshot) *workersBody {
-	b := &workersBody{List: s.nodes}
+func newWorkersBody(s *snapshot, only string) *workersBody {
+	b := &workersBody{List: s.nodes, Node: only}
+	if only != "" {
+		b.List = nil
+		for _, node := range s.nodes {
+			if node.Name == only {
+				b.List = append(b.List, node)
+			}
+		}
+	}
 	n := 0
-	for _, node := range s.nodes {
+	for _, node := range b.List {
 		if node.Active+node.Draining > 0 {
 			b.Nodes++
 		}
@@ -86,13 +98,37 @@ func newWorkersBody(s *snapshot) *workersBody {
 	if n >= maxWorkers {
 		b.Truncated = maxWorkers
 	}
+	if only == "" && n > listedSlots {
+		b.Summary = true
+		b.List = attention(b.List)
+	}
 	return b
 }
 
+// attention returns the nodes with only their slots that stand out:
+// silent, past their lease, dead.
+func attention(nodes []nodeView) []nodeView {
+	out := make([]nodeView, len(nodes))
+	for i, node := range nodes {
+		out[i] = node
+		out[i].Slots = nil
+		for _, sl := range node.Slots {
+			if sl.Silent() || sl.Expired() || sl.State == "dead" {
+				out[i].Slots = append(out[i].Slots, sl)
+			}
+		}
+	}
+	return out
+}
+
 func (d *Dashboard) workers(r *http.Request, p *pageData) (string, int) {
+	node := r.URL.Query().Get("node")
+	if len(node) > maxNodeName {
+		return d.badRequest(p, "node= takes a node name.")
+	}
 	s := d.snap(r)
-	*p = pageData{CSRF: p.CSRF, Title: "Workers", Nav: "workers", Live: "workers", Banner: snapshotBanner(s),
-		Body: newWorkersBody(s)}
+	*p = pageData{CSRF: p.CSRF, Title: "Workers", Nav: "workers", Live: "workers", Node: node, Banner: snapshotBanner(s),
+		Body: newWorkersBody(s, node)}
 	d.withLive(p, s)
 	return "workers", http.StatusOK
 }

@@ -118,7 +118,9 @@ LIMIT $2`
 
 // Bounds on what is read and shown.
 const (
-	maxWorkers      = 5000    // slots listed
+	maxWorkers      = 5000    // slots read
+	listedSlots     = 200     // beyond, the Workers page sums up each node
+	maxNodeName     = 256     // of a node= parameter
 	maxBatches      = 50      // batches on the Overview
 	maxGroups       = 100     // failure groups
 	groupedFailures = 10_000  // newest failed rows grouped

@@ -36,6 +36,7 @@ type pageData struct {
 	Title   string
 	Nav     string // the tab to mark
 	Live    string // the page whose fragment the event stream sends; "" for none
+	Node    string // the node the Workers page shows alone; "" for every node
 	Chart   bool   // load the charting library
 	Version string
 	Actions bool
@@ -116,13 +117,14 @@ type frag struct {
 
 // fragment returns the live part of page for snapshot s, rendered once per
 // snapshot and page however many pages and streams show it.
-func (d *Dashboard) fragment(s *snapshot, page string) (*frag, error) {
+func (d *Dashboard) fragment(s *snapshot, page, node string) (*frag, error) {
+	key := page + "\x00" + node
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f, ok := s.frags[page]; ok {
+	if f, ok := s.frags[key]; ok {
 		return f, nil
 	}
-	p := d.livePage(s, page)
+	p := d.livePage(s, page, node)
 	var buf bytes.Buffer
 	if err := pages[page].ExecuteTemplate(&buf, "live", p); err != nil {
 		return nil, err
@@ -140,27 +142,28 @@ func (d *Dashboard) fragment(s *snapshot, page string) (*frag, error) {
 	}
 	//nolint:gosec // rendered by html/template above, which escaped every value
 	f := &frag{html: template.HTML(buf.String()), event: b}
-	s.frags[page] = f
+	s.frags[key] = f
 	return f, nil
 }
 
 // withLive sets p's live part from the cache of s.
 func (d *Dashboard) withLive(p *pageData, s *snapshot) {
-	if f, err := d.fragment(s, p.Live); err == nil {
+	if f, err := d.fragment(s, p.Live, p.Node); err == nil {
 		p.LiveHTML = f.html
 	} else {
 		d.logger.Error("dashboard: render live part", "page", p.Live, "error", err)
 	}
 }
 
-// livePage is the data of page's live part, from s alone.
-func (d *Dashboard) livePage(s *snapshot, page string) *pageData {
-	p := &pageData{Live: page, Banner: snapshotBanner(s), Version: d.cfg.Version, Actions: d.cfg.AllowActions}
+// livePage is the data of page's live part, from s alone; node narrows the
+// Workers page to one node.
+func (d *Dashboard) livePage(s *snapshot, page, node string) *pageData {
+	p := &pageData{Live: page, Node: node, Banner: snapshotBanner(s), Version: d.cfg.Version, Actions: d.cfg.AllowActions}
 	switch page {
 	case "overview":
 		p.Body = newOverview(s)
 	case "workers":
-		p.Body = newWorkersBody(s)
+		p.Body = newWorkersBody(s, node)
 	case "failures":
 		p.Body = &failuresBody{failureGroups: newFailureGroups(s)}
 	}

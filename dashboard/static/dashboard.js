@@ -78,9 +78,11 @@
     if (ev.chart) drawChart(ev.chart);
   }
 
-  function connect(page) {
+  function connect(page, node) {
     if (typeof EventSource === "undefined") return;
-    var es = new EventSource("/events?page=" + encodeURIComponent(page));
+    var url = "/events?page=" + encodeURIComponent(page);
+    if (node) url += "&node=" + encodeURIComponent(node);
+    var es = new EventSource(url);
     es.addEventListener("snapshot", onSnapshot);
     es.addEventListener("open", function () { setConn("ok", "live"); });
     es.addEventListener("error", function () { setConn("down", "reconnecting"); });
@@ -98,5 +100,5 @@
   sizeBars(document);
   selectAll();
   var page = body.getAttribute("data-live");
-  if (page) connect(page);
+  if (page) connect(page, body.getAttribute("data-node"));
 })();
