@@ -284,13 +284,24 @@ CREATE FUNCTION files.notify_enqueued() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_queues  text[];
+    v_pending text[];
+    v_keys    boolean;
+    v_batches boolean;
 BEGIN
+    -- One pass over the new rows says what the rest has to do.
+    SELECT array_agg(DISTINCT n.queue), array_agg(DISTINCT n.queue) FILTER (WHERE n.state = 'pending'),
+           bool_or(n.unique_key IS NOT NULL), bool_or(n.batch IS NOT NULL)
+    INTO v_queues, v_pending, v_keys, v_batches
+    FROM enqueued n;
+
     INSERT INTO files.queues (queue)
-    SELECT DISTINCT n.queue FROM enqueued n
-    WHERE NOT EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = n.queue)
+    SELECT q FROM unnest(v_queues) AS q
+    WHERE NOT EXISTS (SELECT 1 FROM files.queues x WHERE x.queue = q)
     ON CONFLICT DO NOTHING;
 
-    IF EXISTS (SELECT 1 FROM enqueued n WHERE n.unique_key IS NOT NULL) THEN
+    IF v_keys THEN
         BEGIN
             INSERT INTO files.unique_keys (queue, key, file_id)
             SELECT n.queue, n.unique_key, n.id FROM enqueued n WHERE n.unique_key IS NOT NULL;
@@ -301,13 +312,12 @@ BEGIN
         END;
     END IF;
 
-    IF EXISTS (SELECT 1 FROM enqueued n WHERE n.batch IS NOT NULL) THEN
+    IF v_batches THEN
         PERFORM files.batch_rows_added(array_agg(n.batch), array_agg(n.id), array_agg(n.state))
         FROM enqueued n WHERE n.batch IS NOT NULL;
     END IF;
 
-    PERFORM pg_notify('files_pending', d.queue)
-    FROM (SELECT DISTINCT n.queue FROM enqueued n WHERE n.state = 'pending') d;
+    PERFORM pg_notify('files_pending', q) FROM unnest(v_pending) AS q;
     RETURN NULL;
 END
 $$;
