@@ -23,7 +23,7 @@ build: ## Build bin/pgworker
 	$(GO) build -o $(BIN)/pgworker ./cmd/pgworker
 
 .PHONY: demo
-demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exists), 3 workers, the sample data set
+demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exists), the dashboard, 3 workers, the sample data set
 	$(GO) run ./internal/cmd/demo --pgworker $(BIN)/pgworker
 
 .PHONY: test
