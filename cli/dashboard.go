@@ -126,7 +126,7 @@ func serveDashboard(ctx context.Context, e *env, d *dashboard.Dashboard, addr st
 		ln.Close()
 		return fmt.Errorf("dashboard: %w", err)
 	}
-	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second,
+	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

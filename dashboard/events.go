@@ -33,7 +33,7 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	}
 	st := d.hub.open()
 	if st == nil {
-		http.Error(w, "the dashboard is stopping", http.StatusServiceUnavailable)
+		http.Error(w, "the dashboard is stopping, or has as many event streams open as it serves", http.StatusServiceUnavailable)
 		return
 	}
 	defer d.hub.closeStream(st)

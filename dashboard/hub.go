@@ -289,11 +289,15 @@ func (st *stream) offer(s *snapshot) {
 	st.ch <- s
 }
 
-// open registers a stream; nil once the hub is closed.
+// maxStreams bounds the open event streams: each holds a connection and a
+// goroutine.
+const maxStreams = 1000
+
+// open registers a stream; nil once the hub is closed or full.
 func (h *hub) open() *stream {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.closed {
+	if h.closed || len(h.streams) >= maxStreams {
 		return nil
 	}
 	st := &stream{ch: make(chan *snapshot, 1), closed: make(chan struct{})}
