@@ -5,6 +5,8 @@ BIN       := $(CURDIR)/bin
 GOOSE_VERSION := v3.30.0
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 STATICCHECK_VERSION := v0.8.2
+UPLOT_VERSION := 1.6.32
+DASHBOARD_VENDOR := $(CURDIR)/dashboard/static/vendor
 TEST_FLAGS ?=
 WITH_SERVICES := $(GO) run ./internal/cmd/withservices --
 
@@ -21,7 +23,7 @@ build: ## Build bin/pgworker
 	$(GO) build -o $(BIN)/pgworker ./cmd/pgworker
 
 .PHONY: demo
-demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exists), 3 workers, the sample data set
+demo: build ## Run it all on this machine: PostgreSQL, MinIO (when bin/minio exists), the dashboard, 3 workers, the sample data set
 	$(GO) run ./internal/cmd/demo --pgworker $(BIN)/pgworker
 
 .PHONY: test
@@ -72,6 +74,21 @@ $(BIN)/goose:
 
 $(BIN)/minio:
 	GOBIN=$(BIN) $(GO) install github.com/minio/minio@$(MINIO_VERSION)
+
+.PHONY: assets
+assets: ## Vendor the dashboard's charting library (uPlot, pinned) from the npm registry into dashboard/static/vendor
+	@command -v npm >/dev/null || { echo "assets: npm is needed (Debian package npm)"; exit 1; }
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	cd "$$tmp"; npm pack --silent uplot@$(UPLOT_VERSION) >/dev/null; \
+	tar xzf uplot-$(UPLOT_VERSION).tgz; \
+	took=$$(node -p 'require("./package/package.json").version'); \
+	test "$$took" = "$(UPLOT_VERSION)" || { echo "assets: npm gave uplot $$took, not $(UPLOT_VERSION)"; exit 1; }; \
+	mkdir -p $(DASHBOARD_VENDOR); \
+	cp package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(DASHBOARD_VENDOR)/; \
+	cp package/LICENSE $(DASHBOARD_VENDOR)/uPlot.LICENSE; \
+	sum=$$(sha256sum uplot-$(UPLOT_VERSION).tgz | cut -d' ' -f1); \
+	printf '# Written by make assets: the packages vendored here, from the npm registry.\n# name version tarball-sha256 files\nuplot %s %s uPlot.iife.min.js uPlot.min.css uPlot.LICENSE\n' "$$took" "$$sum" > $(DASHBOARD_VENDOR)/VERSIONS; \
+	echo "assets: vendored uplot $$took into dashboard/static/vendor"
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps ./bin tools)

@@ -104,6 +104,8 @@ type demo struct {
 	input   string   // input store URL
 	from    string   // enqueue --from
 	workers []*workerProc
+	// dashboard is the URL of pgworker dashboard.
+	dashboard string
 }
 
 func (d *demo) defaults() error {
@@ -168,6 +170,9 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.migrate(ctx); err != nil {
 		return err
 	}
+	if err := d.startDashboard(ctx); err != nil {
+		return err
+	}
 	if err := d.startWorkers(ctx); err != nil {
 		return err
 	}
@@ -180,8 +185,8 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.showMetrics(ctx)
 	if d.cfg.Hold {
-		fmt.Fprintf(d.w, "\nHolding, with the workers running. In another terminal:\n  psql '%s'\n  psql '%s' -f sql/ops/running.sql\n  PGWORKER_DATABASE_URL='%s' %s status\nPress Ctrl-C to clean up.\n",
-			d.dbURL, d.dbURL, d.dbURL, d.cfg.Pgworker)
+		fmt.Fprintf(d.w, "\nHolding, with the workers and the dashboard (%s) running. In another terminal:\n  psql '%s'\n  psql '%s' -f sql/ops/running.sql\n  PGWORKER_DATABASE_URL='%s' %s status\nPress Ctrl-C to clean up.\n",
+			d.dashboard, d.dbURL, d.dbURL, d.dbURL, d.cfg.Pgworker)
 		<-ctx.Done()
 		d.held = true
 		fmt.Fprintf(d.w, "\nStopping the workers, PostgreSQL%s, and removing the temporary files.\n",

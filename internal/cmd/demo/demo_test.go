@@ -38,6 +38,7 @@ func TestDemo(t *testing.T) {
 	}
 	for _, want := range []string{
 		"started 3 x pgworker run --slots 4",
+		"pgworker dashboard on http://127.0.0.1:",
 		"all 206 rows finished",
 		"200 done, 6 failed",
 		`pgworker_rows_claimed_total{queue="default"}`,
@@ -101,8 +102,8 @@ func TestDemoInterrupted(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted demo: %v\n%s", err, w.String())
 	}
-	if len(rep.PIDs) != 3 {
-		t.Fatalf("interrupted before the workers started: %+v\n%s", rep, w.String())
+	if len(rep.PIDs) != 4 {
+		t.Fatalf("interrupted before the dashboard and the workers started: %+v\n%s", rep, w.String())
 	}
 	if !strings.Contains(w.String(), "Interrupted. Everything it started was stopped and removed.") {
 		t.Errorf("output:\n%s", w.String())

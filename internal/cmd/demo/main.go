@@ -1,10 +1,10 @@
 // Command demo runs pgworker end to end on one machine, as `make demo` does:
 // a throwaway PostgreSQL cluster, MinIO when bin/minio exists (else a file://
-// store), the migrations, the sample data set of testdata/inputs enqueued,
-// three `pgworker run` processes of four slots running
-// testdata/backend/summarize, a live progress line, and at the end the
-// per-worker metrics, the failed rows with their errors and where the outputs
-// are. It cleans up after itself, also on Ctrl-C; the outputs and the
+// store), the migrations, `pgworker dashboard` (its URL printed), the sample
+// data set of testdata/inputs enqueued, three `pgworker run` processes of four
+// slots running testdata/backend/summarize, a live progress line, and at the
+// end the per-worker metrics, the failed rows with their errors and where the
+// outputs are. It cleans up after itself, also on Ctrl-C; the outputs and the
 // workers' logs stay in ./demo-output.
 //
 //	go run ./internal/cmd/demo --pgworker bin/pgworker

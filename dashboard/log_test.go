@@ -1,0 +1,10 @@
+package dashboard_test
+
+import (
+	"io"
+	"log/slog"
+)
+
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
