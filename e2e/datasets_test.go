@@ -541,7 +541,7 @@ func (s *stack) waitChunkBlocked(what string) int {
 		pid, err = s.Count(ctx, `SELECT coalesce(min(a.pid), 0) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND l.relation = 'files.batches'::regclass AND NOT l.granted AND a.pid <> pg_backend_pid()
-			  AND a.query LIKE '%FROM pgworker_staged%'`)
+			  AND (a.query LIKE '%FROM pgworker_staged%' OR a.query ILIKE 'copy "files"."files"%')`)
 		return pid != 0, err
 	})
 	return pid
