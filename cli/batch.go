@@ -81,6 +81,18 @@ func batchFlag(fs *flagSet, name *string) {
 	fs.env("batch", "PGWORKER_BATCH")
 }
 
+// parseBatchArgs parses the command line of a command about one batch,
+// which takes no arguments; help is true when --help was printed.
+func parseBatchArgs(inv *invocation, args []string, batch *string) (help bool, err error) {
+	if help, err := inv.parse(args); help || err != nil {
+		return help, err
+	}
+	if err := inv.noArgs(); err != nil {
+		return false, err
+	}
+	return false, checkBatchFlag(*batch)
+}
+
 func checkBatchFlag(name string) error {
 	if name == "" {
 		return usagef("--batch is missing: name the batch (as given to pgworker enqueue --batch)")
@@ -101,13 +113,7 @@ func (c *CLI) wait(ctx context.Context, e *env, args []string) error {
 	inv.fs.DurationVar(&interval, "interval", 10*time.Second, "print a progress line every `D` when not on a terminal")
 	inv.fs.StringVar(&listenURL, "listen-url", "", "database `URL` for LISTEN when --database-url goes through a transaction-pooling PgBouncer (default: --database-url)")
 	inv.fs.env("listen-url", "PGWORKER_LISTEN_URL")
-	if help, err := inv.parse(args); help || err != nil {
-		return err
-	}
-	if err := inv.noArgs(); err != nil {
-		return err
-	}
-	if err := checkBatchFlag(batch); err != nil {
+	if help, err := parseBatchArgs(inv, args, &batch); help || err != nil {
 		return err
 	}
 	if timeout < 0 || interval <= 0 {
@@ -318,13 +324,7 @@ func (c *CLI) results(ctx context.Context, e *env, args []string) error {
 	inv.fs.StringVar(&download, "download", "", "fetch every output into `DIR`, checked against its sha256")
 	inv.fs.StringVar(&outputStore, "output-store", "", "the store `URL` the outputs were uploaded to (s3://bucket/prefix or file:///dir), for --download")
 	inv.fs.env("output-store", "PGWORKER_OUTPUT_STORE")
-	if help, err := inv.parse(args); help || err != nil {
-		return err
-	}
-	if err := inv.noArgs(); err != nil {
-		return err
-	}
-	if err := checkBatchFlag(batch); err != nil {
+	if help, err := parseBatchArgs(inv, args, &batch); help || err != nil {
 		return err
 	}
 	if format != "jsonl" && format != "csv" {

@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pgworker/pgworker/internal/human"
 )
 
 // printable returns s with what could drive a terminal written as Go
@@ -95,30 +97,13 @@ func clipText(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-// secondsText shows a duration the way a person reads it: 850ms, 4.2s, 3m12s, 2h5m, 3d4h.
+// secondsText shows a duration of s seconds the way a person reads it
+// (human.Duration), "-" when unknown.
 func secondsText(s *float64) string {
 	if s == nil {
 		return "-"
 	}
-	d := time.Duration(*s * float64(time.Second))
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	case d < time.Hour:
-		text := d.Round(time.Second).String()
-		if strings.HasSuffix(text, "m0s") {
-			text = strings.TrimSuffix(text, "0s")
-		}
-		return text
-	case d < 48*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
-	}
-	days := int(d / (24 * time.Hour))
-	return fmt.Sprintf("%dd%dh", days, int((d-time.Duration(days)*24*time.Hour)/time.Hour))
+	return human.Duration(time.Duration(*s * float64(time.Second)))
 }
 
 // writeJSON writes v as indented JSON. Beyond what encoding/json escapes,

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pgworker/pgworker/internal/human"
 )
 
 // funcs are the template functions. html/template escapes what they
@@ -88,28 +90,8 @@ func num(n int64) string {
 	return b.String()
 }
 
-// dur shows a duration the way a person reads it: 850ms, 4.2s, 3m12s,
-// 2h5m, 3d4h.
-func dur(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	case d < time.Hour:
-		text := d.Round(time.Second).String()
-		if strings.HasSuffix(text, "m0s") {
-			text = strings.TrimSuffix(text, "0s")
-		}
-		return text
-	case d < 48*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
-	}
-	days := int(d / (24 * time.Hour))
-	return fmt.Sprintf("%dd%dh", days, int((d-time.Duration(days)*24*time.Hour)/time.Hour))
-}
+// dur shows a duration the way a person reads it (human.Duration).
+func dur(d time.Duration) string { return human.Duration(d) }
 
 // durp is dur of a duration that may be unknown ("–").
 func durp(d *time.Duration) string {
