@@ -331,8 +331,9 @@ func (b *Bouncer) Start() error {
 
 	// PgBouncer logs "process up" once it listens: wait for that line, or
 	// for the process to end.
-	up := make(chan struct{})
+	up, drained := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(drained)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		signalled := false
@@ -351,10 +352,12 @@ func (b *Bouncer) Start() error {
 	select {
 	case <-up:
 	case <-done:
+		<-drained // the last lines are in the log before it is quoted
 		return fmt.Errorf("pgbouncer exited at start (%v):\n%s", waitErr, b.LogTail(30))
 	case <-timer.C:
 		_ = cmd.Process.Kill()
 		<-done
+		<-drained
 		return fmt.Errorf("pgbouncer did not start within %s:\n%s", b.timeout, b.LogTail(30))
 	}
 	b.cmd, b.done = cmd, done
