@@ -336,7 +336,7 @@ func (c *CLI) results(ctx context.Context, e *env, args []string) error {
 	var fetch *downloader
 	if download != "" {
 		var err error
-		if fetch, err = c.newDownloader(ctx, outputStore, download); err != nil {
+		if fetch, err = newDownloader(ctx, outputStore, download); err != nil {
 			return err
 		}
 		defer fetch.close()
@@ -419,7 +419,7 @@ type downloader struct {
 	bytes int64
 }
 
-func (c *CLI) newDownloader(ctx context.Context, storeURL, dir string) (*downloader, error) {
+func newDownloader(ctx context.Context, storeURL, dir string) (*downloader, error) {
 	opts, err := blob.OptionsFromEnv()
 	if err != nil {
 		return nil, err

@@ -72,23 +72,8 @@ func clip(n int, s string) string {
 	return visible(s[:cut]) + fmt.Sprintf("… (%s more characters)", num(int64(rest)))
 }
 
-// num writes n with thousands separators: 1,234,567.
-func num(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+// num writes n with thousands separators (human.Int).
+func num(n int64) string { return human.Int(n) }
 
 // dur shows a duration the way a person reads it (human.Duration).
 func dur(d time.Duration) string { return human.Duration(d) }

@@ -60,24 +60,25 @@ COMMENT ON FUNCTION files.check_queues(text, text[]) IS
     'Raises an error naming fn when a queue list holds a NULL or empty name.';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.check_then(fn text, then_queue text, ids bigint[])
+CREATE FUNCTION files.check_then(fn text, then_queue text, queues text[])
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF then_queue = '' OR length(then_queue) > 128 THEN
         RAISE EXCEPTION '%: then_queue must have 1 to 128 characters', fn USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM files.files f WHERE f.id = ANY (ids) AND f.queue = then_queue) THEN
+    IF then_queue = ANY (queues) THEN
         RAISE EXCEPTION '%: then_queue % is the queue of the row itself: its outputs would loop', fn, then_queue
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.check_then(text, text, bigint[]) IS
-    'Raises an error naming fn unless then_queue is a queue name other than the queue of each of the rows.';
+COMMENT ON FUNCTION files.check_then(text, text, text[]) IS
+    'Raises an error naming fn unless then_queue is a queue name other than each of queues (those of the rows it '
+    'would follow).';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.output_keys(result jsonb)
@@ -520,12 +521,10 @@ SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    n       integer;
-    v_batch text;
+    n        integer;
+    v_batch  text;
+    v_queues text[];
 BEGIN
-    IF complete.then_queue IS NOT NULL THEN
-        PERFORM files.check_then('files.complete', complete.then_queue, ARRAY[complete.id]);
-    END IF;
     -- As files.complete_many does for each of its rows. The result is stored
     -- once, on the row.
     WITH done AS (
@@ -534,7 +533,7 @@ BEGIN
             claim_token_hash = NULL
         WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
           AND f.claim_token_hash = sha256(convert_to(complete.token, 'UTF8'))
-        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.max_attempts,
+        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.max_attempts, f.queue,
                   CASE WHEN complete.then_queue IS NOT NULL THEN f.payload END AS payload
     ), next AS (
         INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
@@ -551,7 +550,12 @@ BEGIN
                complete.report ->> 'stderr_tail'
         FROM done d
     )
-    SELECT count(*), min(d.batch) INTO n, v_batch FROM done d;
+    SELECT count(*), min(d.batch), array_agg(d.queue) FILTER (WHERE complete.then_queue IS NOT NULL)
+    INTO n, v_batch, v_queues FROM done d;
+    -- A loop undoes the whole statement, the rows it enqueued with it.
+    IF complete.then_queue IS NOT NULL THEN
+        PERFORM files.check_then('files.complete', complete.then_queue, v_queues);
+    END IF;
     IF n = 0 THEN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
     ELSIF v_batch IS NOT NULL THEN
@@ -580,6 +584,7 @@ AS $$
 DECLARE
     v_done    bigint[];
     v_batches text[];
+    v_queues  text[];
 BEGIN
     IF cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.worker_ids)
        OR cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.attempts)
@@ -588,9 +593,6 @@ BEGIN
        OR (complete_many.reports IS NOT NULL AND cardinality(complete_many.reports) <> cardinality(complete_many.ids)) THEN
         RAISE EXCEPTION 'files.complete_many: ids, worker_ids, attempts, tokens, results and reports must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF complete_many.then_queue IS NOT NULL THEN
-        PERFORM files.check_then('files.complete_many', complete_many.then_queue, complete_many.ids);
     END IF;
 
     -- One statement for the batch, one primary-key lookup per element, in id
@@ -610,7 +612,7 @@ BEGIN
               ORDER BY x.id) u
         WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
           AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
-        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.max_attempts,
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.max_attempts, f.queue,
                   -- Only a stage that feeds the next needs them.
                   CASE WHEN complete_many.then_queue IS NOT NULL THEN f.payload END AS payload,
                   CASE WHEN complete_many.then_queue IS NOT NULL THEN u.result END AS result
@@ -629,7 +631,13 @@ BEGIN
                d.report ->> 'stderr_tail'
         FROM done d
     )
-    SELECT array_agg(d.id), array_agg(d.batch) FILTER (WHERE d.batch IS NOT NULL) INTO v_done, v_batches FROM done d;
+    SELECT array_agg(d.id), array_agg(d.batch) FILTER (WHERE d.batch IS NOT NULL),
+           array_agg(d.queue) FILTER (WHERE complete_many.then_queue IS NOT NULL)
+    INTO v_done, v_batches, v_queues FROM done d;
+    -- A loop undoes the whole statement, the rows it enqueued with it.
+    IF complete_many.then_queue IS NOT NULL THEN
+        PERFORM files.check_then('files.complete_many', complete_many.then_queue, v_queues);
+    END IF;
     IF coalesce(cardinality(v_done), 0) < cardinality(complete_many.ids) THEN
         PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);
     END IF;
@@ -1244,5 +1252,5 @@ DROP FUNCTION files.batch_rows_added(text[], bigint[], text[]);
 DROP FUNCTION files.tally(text[], text[], text[]);
 DROP FUNCTION files.finish_batches(text[]);
 DROP FUNCTION files.output_keys(jsonb);
-DROP FUNCTION files.check_then(text, text, bigint[]);
+DROP FUNCTION files.check_then(text, text, text[]);
 DROP FUNCTION files.check_queues(text, text[]);

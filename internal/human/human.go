@@ -4,6 +4,7 @@ package human
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -28,4 +29,21 @@ func Duration(d time.Duration) string {
 	}
 	days := int(d / (24 * time.Hour))
 	return fmt.Sprintf("%dd%dh", days, int((d-time.Duration(days)*24*time.Hour)/time.Hour))
+}
+
+// Int shows n with thousands separators: 1,234,567.
+func Int(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	digits := strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if len(digits) < len(s) {
+		b.WriteByte('-')
+	}
+	for i, c := range digits {
+		if i > 0 && (len(digits)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }

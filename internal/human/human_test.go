@@ -23,3 +23,11 @@ func TestDuration(t *testing.T) {
 		}
 	}
 }
+
+func TestInt(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -45000: "-45,000"} {
+		if got := Int(n); got != want {
+			t.Errorf("Int(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -24,6 +24,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgworker/pgworker/internal/human"
 )
 
 func main() {
@@ -650,23 +652,8 @@ func dedupe(cmds []string) []string {
 	return order
 }
 
-// thousands formats n rounded, with thin separators: 12,345.
-func thousands(n float64) string {
-	s := strconv.FormatFloat(n, 'f', 0, 64)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+// thousands formats n rounded (half to even), with separators: 12,345.
+func thousands(n float64) string { return human.Int(int64(math.RoundToEven(n))) }
 
 // short formats a row count as 10k or 10M.
 func short(n float64) string {
