@@ -105,6 +105,13 @@ COMMENT ON INDEX files.files_claim_idx IS 'Serves files.claim: pending rows per 
 -- Running rows by holder, for heartbeats, fencing and reaping.
 CREATE INDEX files_running_idx ON files.files (worker_id) WHERE state = 'running';
 COMMENT ON INDEX files.files_running_idx IS 'Running rows by worker slot: heartbeats, reap, active_workers.';
+-- Pending rows whose run_after was moved past their creation (a retry's
+-- backoff, a release, a row enqueued for later): files.queue_summary counts
+-- the ones still waiting from here. A row enqueued to run now has run_after =
+-- created_at and takes no entry, so enqueueing pays nothing for it.
+CREATE INDEX files_moved_idx ON files.files (queue, run_after) WHERE state = 'pending' AND run_after > created_at;
+COMMENT ON INDEX files.files_moved_idx IS
+    'Pending rows whose run_after was moved past created_at, by queue and run_after: the rows waiting for a retry or a later start.';
 
 CREATE TABLE files.workers (
     worker_id          text        PRIMARY KEY,
@@ -252,6 +259,44 @@ COMMENT ON COLUMN files.batch_counts.recent IS
     'Rows ended, decaying with a time constant of 60 s as of recent_at: recent * exp(-age/60) / 60 is the recent rate per second.';
 COMMENT ON COLUMN files.batch_counts.recent_at IS 'When recent was last updated.';
 
+-- Queues: their rows per state are counted as they change, once per
+-- statement, so that files.queue_summary answers without reading files.files.
+-- Each statement that adds, ends or deletes rows appends one line per queue;
+-- files.fold_counts folds the lines into one per queue and minute, and the
+-- minutes older than an hour into one per queue. Appending never waits: an
+-- enqueue in a long transaction holds no lock that a completion needs.
+CREATE TABLE files.queue_counts (
+    queue            text        NOT NULL,
+    at               timestamptz NOT NULL,
+    folded           boolean     NOT NULL DEFAULT false,
+    rows             bigint      NOT NULL DEFAULT 0,
+    done             bigint      NOT NULL DEFAULT 0,
+    failed           bigint      NOT NULL DEFAULT 0,
+    cancelled        bigint      NOT NULL DEFAULT 0,
+    ended_done       bigint      NOT NULL DEFAULT 0,
+    ended_failed     bigint      NOT NULL DEFAULT 0,
+    ended_cancelled  bigint      NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE files.queue_counts IS
+    'Changes of the rows of each queue, per minute: summed, they give its rows, done, failed and cancelled; pending and '
+    'running follow. Appended by the SQL API and the triggers of files.files, folded by files.fold_counts. Read '
+    'files.queue_summary or files.queue_stats rather than this table.';
+COMMENT ON COLUMN files.queue_counts.queue IS 'Queue name.';
+COMMENT ON COLUMN files.queue_counts.at IS
+    'The minute of the change (date_trunc(''minute'', now())); -infinity for everything older than an hour, folded.';
+COMMENT ON COLUMN files.queue_counts.folded IS
+    'false: one statement''s change, appended; true: the sum of a queue''s changes in that minute (one line per queue and at).';
+COMMENT ON COLUMN files.queue_counts.rows IS 'Rows added (enqueued) minus rows deleted.';
+COMMENT ON COLUMN files.queue_counts.done IS 'Change in the number of done rows.';
+COMMENT ON COLUMN files.queue_counts.failed IS 'Change in the number of failed rows.';
+COMMENT ON COLUMN files.queue_counts.cancelled IS 'Change in the number of cancelled rows.';
+COMMENT ON COLUMN files.queue_counts.ended_done IS 'Rows that became done (for the rates of the last minute and hour); 0 once folded into -infinity.';
+COMMENT ON COLUMN files.queue_counts.ended_failed IS 'Rows that became failed; 0 once folded into -infinity.';
+COMMENT ON COLUMN files.queue_counts.ended_cancelled IS 'Rows that became cancelled; 0 once folded into -infinity.';
+
+CREATE UNIQUE INDEX queue_counts_folded_idx ON files.queue_counts (queue, at) WHERE folded;
+COMMENT ON INDEX files.queue_counts_folded_idx IS 'One folded line per queue and minute.';
+
 CREATE TABLE files.reap_state (
     singleton        boolean     PRIMARY KEY DEFAULT true,
     fleet_resumed_at timestamptz NOT NULL DEFAULT '-infinity',
@@ -279,11 +324,25 @@ DECLARE
     v_keys    boolean;
     v_batches boolean;
 BEGIN
-    -- One pass over the new rows says what the rest has to do.
-    SELECT array_agg(DISTINCT n.queue), array_agg(DISTINCT n.queue) FILTER (WHERE n.state = 'pending'),
-           bool_or(n.unique_key IS NOT NULL), bool_or(n.batch IS NOT NULL)
+    -- One pass over the new rows counts them in and says what the rest has to do.
+    WITH per_queue AS (
+        SELECT n.queue,
+               count(*) AS rows,
+               count(*) FILTER (WHERE n.state = 'pending') AS pending,
+               count(*) FILTER (WHERE n.state = 'done') AS done,
+               count(*) FILTER (WHERE n.state = 'failed') AS failed,
+               count(*) FILTER (WHERE n.state = 'cancelled') AS cancelled,
+               bool_or(n.unique_key IS NOT NULL) AS keys,
+               bool_or(n.batch IS NOT NULL) AS batches
+        FROM enqueued n
+        GROUP BY n.queue
+    ), counted AS (
+        INSERT INTO files.queue_counts (queue, at, rows, done, failed, cancelled)
+        SELECT p.queue, date_trunc('minute', now()), p.rows, p.done, p.failed, p.cancelled FROM per_queue p
+    )
+    SELECT array_agg(p.queue), array_agg(p.queue) FILTER (WHERE p.pending > 0), bool_or(p.keys), bool_or(p.batches)
     INTO v_queues, v_pending, v_keys, v_batches
-    FROM enqueued n;
+    FROM per_queue p;
 
     INSERT INTO files.queues (queue)
     SELECT q FROM unnest(v_queues) AS q
@@ -312,8 +371,8 @@ END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.notify_enqueued() IS
-    'Statement trigger on INSERT and COPY: registers new queues, unique keys and batches, and sends one files_pending '
-    'notification per queue and statement.';
+    'Statement trigger on INSERT and COPY: registers new queues, unique keys and batches, counts the rows into their '
+    'queues (files.queue_counts), and sends one files_pending notification per queue and statement.';
 
 CREATE TRIGGER files_enqueued
     AFTER INSERT ON files.files
@@ -333,17 +392,22 @@ AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         BEGIN
-            TRUNCATE files.attempts, files.unique_keys, files.batch_counts;
+            TRUNCATE files.attempts, files.unique_keys, files.batch_counts, files.queue_counts;
         EXCEPTION WHEN object_in_use THEN
             -- One of them is open in this session: named in the same
             -- TRUNCATE (then already empty) or read by an open cursor.
             DELETE FROM files.attempts;
             DELETE FROM files.unique_keys;
             DELETE FROM files.batch_counts;
+            DELETE FROM files.queue_counts;
         END;
         UPDATE files.batches SET total = 0, first_id = NULL, last_id = NULL WHERE total <> 0;
     ELSE
         DELETE FROM files.attempts a USING gone g WHERE a.file_id = g.id;
+        INSERT INTO files.queue_counts (queue, at, rows, done, failed, cancelled)
+        SELECT g.queue, date_trunc('minute', now()), -count(*), -count(*) FILTER (WHERE g.state = 'done'),
+               -count(*) FILTER (WHERE g.state = 'failed'), -count(*) FILTER (WHERE g.state = 'cancelled')
+        FROM gone g GROUP BY g.queue;
         DELETE FROM files.unique_keys k USING gone g
         WHERE g.unique_key IS NOT NULL AND k.queue = g.queue AND k.key = g.unique_key AND k.file_id = g.id;
         IF EXISTS (SELECT 1 FROM gone g WHERE g.batch IS NOT NULL) THEN
@@ -356,15 +420,16 @@ END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.delete_attempts() IS
-    'Trigger of files.files: the attempts and unique keys of deleted files go with them and their batches'' counts follow '
-    '(once per statement); TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts.';
+    'Trigger of files.files: the attempts and unique keys of deleted files go with them and their queues'' and batches'' '
+    'counts follow (once per statement); TRUNCATE files.files empties files.attempts, files.unique_keys, '
+    'files.batch_counts and files.queue_counts.';
 
 CREATE TRIGGER files_delete_attempts AFTER DELETE ON files.files
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts and unique keys of the deleted rows and counts them out of their batches, once per statement.';
+COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts and unique keys of the deleted rows and counts them out of their queues and batches, once per statement.';
 CREATE TRIGGER files_truncate_attempts AFTER TRUNCATE ON files.files
     FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts too.';
+COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts, files.unique_keys, files.batch_counts and files.queue_counts too.';
 
 -- +goose Down
 DROP SCHEMA files CASCADE;

@@ -375,7 +375,7 @@ COMMENT ON FUNCTION files.finish_batches(text[]) IS
     'ended in concurrent transactions (each of which saw the other''s rows still open).';
 
 -- +goose StatementBegin
-CREATE FUNCTION files.tally(batches text[], was text[], became text[])
+CREATE FUNCTION files.tally(queues text[], batches text[], was text[], became text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -384,6 +384,23 @@ DECLARE
     v_ended    text[];
     v_reopened text[];
 BEGIN
+    -- The queues' counts: one line appended per queue (none when queues is NULL:
+    -- the triggers of files.files count their rows themselves).
+    INSERT INTO files.queue_counts (queue, at, done, failed, cancelled, ended_done, ended_failed, ended_cancelled)
+    SELECT x.queue, date_trunc('minute', now()),
+           sum((x.became = 'done')::integer - (x.was = 'done')::integer),
+           sum((x.became = 'failed')::integer - (x.was = 'failed')::integer),
+           sum((x.became = 'cancelled')::integer - (x.was = 'cancelled')::integer),
+           count(*) FILTER (WHERE x.became = 'done' AND x.was <> 'done'),
+           count(*) FILTER (WHERE x.became = 'failed' AND x.was <> 'failed'),
+           count(*) FILTER (WHERE x.became = 'cancelled' AND x.was <> 'cancelled')
+    FROM unnest(tally.queues, tally.was, tally.became) AS x(queue, was, became)
+    WHERE x.queue IS NOT NULL
+    GROUP BY x.queue;
+
+    IF tally.batches IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(tally.batches) AS b(batch) WHERE b.batch IS NOT NULL) THEN
+        RETURN;
+    END IF;
     WITH d AS (
         SELECT x.batch,
                sum((x.became = 'done')::integer - (x.was = 'done')::integer) AS done,
@@ -421,9 +438,56 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION files.tally(text[], text[], text[]) IS
-    'Counts rows that changed state in their batches: element i is row i''s batch (NULL: none), old state and new state. '
-    'Finishes the batches whose last row ended, and opens again the finished ones whose rows went back to pending.';
+COMMENT ON FUNCTION files.tally(text[], text[], text[], text[]) IS
+    'Counts rows that changed state in their queues and batches: element i is row i''s queue, batch (NULL: none), old '
+    'state and new state (queues NULL: count in the batches only). Finishes the batches whose last row ended, and opens '
+    'again the finished ones whose rows went back to pending.';
+
+-- +goose StatementBegin
+CREATE FUNCTION files.fold_counts()
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- The lines appended since the last fold, and the folded minutes that fell
+    -- out of the last hour, become one folded line per queue and minute (and
+    -- -infinity). A line is deleted by one fold only, so folds may overlap.
+    WITH gone AS (
+        DELETE FROM files.queue_counts c
+        WHERE NOT c.folded OR (c.at < date_trunc('minute', now()) - interval '1 hour' AND c.at > '-infinity')
+        RETURNING c.*
+    ), sums AS (
+        SELECT g.queue, g.at < date_trunc('minute', now()) - interval '1 hour' AS old,
+               CASE WHEN g.at < date_trunc('minute', now()) - interval '1 hour' THEN '-infinity' ELSE g.at END AS at,
+               sum(g.rows) AS rows, sum(g.done) AS done, sum(g.failed) AS failed, sum(g.cancelled) AS cancelled,
+               sum(g.ended_done) AS ended_done, sum(g.ended_failed) AS ended_failed,
+               sum(g.ended_cancelled) AS ended_cancelled
+        FROM gone g
+        GROUP BY 1, 2, 3
+    )
+    INSERT INTO files.queue_counts AS c (queue, at, folded, rows, done, failed, cancelled,
+                                         ended_done, ended_failed, ended_cancelled)
+    SELECT s.queue, s.at, true, sum(s.rows), sum(s.done), sum(s.failed), sum(s.cancelled),
+           -- Beyond the hour only the sums matter: the rates are of the last hour.
+           coalesce(sum(s.ended_done) FILTER (WHERE NOT s.old), 0),
+           coalesce(sum(s.ended_failed) FILTER (WHERE NOT s.old), 0),
+           coalesce(sum(s.ended_cancelled) FILTER (WHERE NOT s.old), 0)
+    FROM sums s
+    GROUP BY s.queue, s.at
+    ORDER BY s.queue, s.at
+    ON CONFLICT (queue, at) WHERE folded DO UPDATE
+    SET rows = c.rows + EXCLUDED.rows,
+        done = c.done + EXCLUDED.done,
+        failed = c.failed + EXCLUDED.failed,
+        cancelled = c.cancelled + EXCLUDED.cancelled,
+        ended_done = c.ended_done + EXCLUDED.ended_done,
+        ended_failed = c.ended_failed + EXCLUDED.ended_failed,
+        ended_cancelled = c.ended_cancelled + EXCLUDED.ended_cancelled;
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.fold_counts() IS
+    'Folds files.queue_counts: the lines appended since the last fold become one line per queue and minute, and the '
+    'minutes older than an hour one line per queue (at -infinity). Called by files.reap and files.prune; folds may overlap.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.batch_rows_added(batches text[], ids bigint[], states text[])
@@ -443,7 +507,7 @@ BEGIN
         finished_at = NULL;
     -- Rows inserted already ended (by an admin's INSERT) count as ended.
     IF EXISTS (SELECT 1 FROM unnest(batch_rows_added.states) AS s(state) WHERE s.state <> 'pending') THEN
-        PERFORM files.tally(array_agg(x.batch), array_agg('pending'::text), array_agg(x.state))
+        PERFORM files.tally(NULL, array_agg(x.batch), array_agg('pending'::text), array_agg(x.state))
         FROM unnest(batch_rows_added.batches, batch_rows_added.states) AS x(batch, state)
         WHERE x.state <> 'pending';
     END IF;
@@ -464,7 +528,7 @@ BEGIN
     FROM (SELECT x.batch, count(*) AS n FROM unnest(batch_rows_deleted.batches) AS x(batch)
           GROUP BY x.batch ORDER BY x.batch) d
     WHERE b.batch = d.batch;
-    PERFORM files.tally(batch_rows_deleted.batches, batch_rows_deleted.states,
+    PERFORM files.tally(NULL, batch_rows_deleted.batches, batch_rows_deleted.states,
                         array_fill('deleted'::text, ARRAY[cardinality(batch_rows_deleted.batches)]));
     -- Deleting a batch's last open rows ends it.
     PERFORM files.finish_batches(array_agg(DISTINCT x.batch))
@@ -549,6 +613,9 @@ BEGIN
                coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                complete.report ->> 'stderr_tail'
         FROM done d
+    ), counted AS (
+        INSERT INTO files.queue_counts (queue, at, done, ended_done)
+        SELECT d.queue, date_trunc('minute', now()), 1, 1 FROM done d
     )
     SELECT count(*), min(d.batch), array_agg(d.queue) FILTER (WHERE complete.then_queue IS NOT NULL)
     INTO n, v_batch, v_queues FROM done d;
@@ -559,7 +626,7 @@ BEGIN
     IF n = 0 THEN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
     ELSIF v_batch IS NOT NULL THEN
-        PERFORM files.tally(ARRAY[v_batch], ARRAY['running'], ARRAY['done']);
+        PERFORM files.tally(NULL, ARRAY[v_batch], ARRAY['running'], ARRAY['done']);
     END IF;
     RETURN n > 0;
 END
@@ -630,6 +697,9 @@ BEGIN
                coalesce((d.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                d.report ->> 'stderr_tail'
         FROM done d
+    ), counted AS (
+        INSERT INTO files.queue_counts (queue, at, done, ended_done)
+        SELECT d.queue, date_trunc('minute', now()), count(*), count(*) FROM done d GROUP BY d.queue
     )
     SELECT array_agg(d.id), array_agg(d.batch) FILTER (WHERE d.batch IS NOT NULL),
            array_agg(d.queue) FILTER (WHERE complete_many.then_queue IS NOT NULL)
@@ -642,7 +712,7 @@ BEGIN
         PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);
     END IF;
     IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
+        PERFORM files.tally(NULL, v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
                             array_fill('done'::text, ARRAY[cardinality(v_batches)]));
     END IF;
     RETURN QUERY SELECT u.id FROM unnest(v_done) AS u(id);
@@ -686,9 +756,7 @@ BEGIN
         SET state = 'failed', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), last_error = v_error,
             claim_token_hash = NULL
         WHERE f.id = r.id;
-        IF r.batch IS NOT NULL THEN
-            PERFORM files.tally(ARRAY[r.batch], ARRAY['running'], ARRAY['failed']);
-        END IF;
+        PERFORM files.tally(ARRAY[r.queue], ARRAY[r.batch], ARRAY['running'], ARRAY['failed']);
     ELSE
         SELECT q.backoff_base, q.backoff_max INTO v_base, v_max FROM files.queues q WHERE q.queue = r.queue;
         v_base := coalesce(v_base, interval '1 second');
@@ -1027,6 +1095,7 @@ DECLARE
     n         integer;
     v_queues  text[];
     v_since   timestamptz;
+    v_failed  text[];
     v_batches text[];
 BEGIN
     -- Every node may call reap at once: one does the work, the others return at once.
@@ -1065,15 +1134,16 @@ BEGIN
         FROM returned r
     )
     SELECT count(*), array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'pending'),
-           array_agg(r.batch) FILTER (WHERE r.state = 'failed' AND r.batch IS NOT NULL)
-    INTO n, v_queues, v_batches FROM returned r;
+           array_agg(r.queue) FILTER (WHERE r.state = 'failed'), array_agg(r.batch) FILTER (WHERE r.state = 'failed')
+    INTO n, v_queues, v_failed, v_batches FROM returned r;
 
-    IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
-                            array_fill('failed'::text, ARRAY[cardinality(v_batches)]));
+    IF v_failed IS NOT NULL THEN
+        PERFORM files.tally(v_failed, v_batches, array_fill('running'::text, ARRAY[cardinality(v_failed)]),
+                            array_fill('failed'::text, ARRAY[cardinality(v_failed)]));
     END IF;
     -- Batches whose last rows ended in concurrent transactions.
     PERFORM files.finish_batches(NULL);
+    PERFORM files.fold_counts();
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
     RETURN n;
 END
@@ -1083,8 +1153,8 @@ COMMENT ON FUNCTION files.reap() IS
     'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
     '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
     'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
-    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches). '
-    'Returns the number of rows returned.';
+    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches) and '
+    'folds the queues'' counts (files.fold_counts). Returns the number of rows returned.';
 
 -- Operators: cancel, retry, pause and resume.
 
@@ -1097,11 +1167,12 @@ AS $$
 DECLARE
     n         integer;
     v_told    text[];
+    v_queues  text[];
     v_batches text[];
     v_was     text[];
 BEGIN
     WITH target AS (
-        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at, x.batch FROM files.files x
+        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at, x.queue, x.batch FROM files.files x
         WHERE x.id = ANY (cancel.ids) AND x.state IN ('pending', 'running')
         ORDER BY x.id FOR UPDATE
     ), cancelled AS (
@@ -1118,12 +1189,11 @@ BEGIN
     SELECT count(*),
            array_agg(json_build_object('op', 'cancel', 'file_id', t.id, 'worker_id', t.worker_id)::text)
                FILTER (WHERE t.state = 'running'),
-           array_agg(t.batch) FILTER (WHERE t.batch IS NOT NULL),
-           array_agg(t.state) FILTER (WHERE t.batch IS NOT NULL)
-    INTO n, v_told, v_batches, v_was FROM target t;
+           array_agg(t.queue), array_agg(t.batch), array_agg(t.state)
+    INTO n, v_told, v_queues, v_batches, v_was FROM target t;
 
-    IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, v_was, array_fill('cancelled'::text, ARRAY[cardinality(v_batches)]));
+    IF n > 0 THEN
+        PERFORM files.tally(v_queues, v_batches, v_was, array_fill('cancelled'::text, ARRAY[n]));
     END IF;
 
     -- Running rows: tell their workers to stop the work.
@@ -1146,6 +1216,7 @@ AS $$
 DECLARE
     n         integer;
     v_queues  text[];
+    v_rows    text[];
     v_batches text[];
     v_was     text[];
 BEGIN
@@ -1154,7 +1225,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH target AS (
-        SELECT x.id, x.state, x.batch FROM files.files x
+        SELECT x.id, x.state, x.queue, x.batch FROM files.files x
         WHERE (retry.queue IS NULL OR x.queue = retry.queue)
           AND CASE WHEN retry.ids IS NULL THEN x.state = 'failed'
                    ELSE x.id = ANY (retry.ids) AND x.state IN ('failed', 'cancelled', 'done') END
@@ -1166,11 +1237,11 @@ BEGIN
         RETURNING f.queue
     )
     SELECT (SELECT count(*) FROM retried), (SELECT array_agg(DISTINCT r.queue) FROM retried r),
-           array_agg(t.batch) FILTER (WHERE t.batch IS NOT NULL), array_agg(t.state) FILTER (WHERE t.batch IS NOT NULL)
-    INTO n, v_queues, v_batches, v_was FROM target t;
+           array_agg(t.queue), array_agg(t.batch), array_agg(t.state)
+    INTO n, v_queues, v_rows, v_batches, v_was FROM target t;
 
-    IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, v_was, array_fill('pending'::text, ARRAY[cardinality(v_batches)]));
+    IF n > 0 THEN
+        PERFORM files.tally(v_rows, v_batches, v_was, array_fill('pending'::text, ARRAY[n]));
     END IF;
 
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
@@ -1249,7 +1320,8 @@ DROP FUNCTION files.get_unprocessed_entry_by_priority(text, text);
 DROP FUNCTION files.claim(text, text[], integer, text);
 DROP FUNCTION files.batch_rows_deleted(text[], text[]);
 DROP FUNCTION files.batch_rows_added(text[], bigint[], text[]);
-DROP FUNCTION files.tally(text[], text[], text[]);
+DROP FUNCTION files.fold_counts();
+DROP FUNCTION files.tally(text[], text[], text[], text[]);
 DROP FUNCTION files.finish_batches(text[]);
 DROP FUNCTION files.output_keys(jsonb);
 DROP FUNCTION files.check_then(text, text, text[]);

@@ -30,7 +30,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
 
 -- Workers run the worker API and read the views; they write only through the API.
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
-GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.batch_progress, files.reap_state
+GRANT SELECT ON files.active_workers, files.queue_summary, files.queue_stats, files.worker_metrics, files.batch_progress,
+    files.reap_state
     TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
     files.claim(text, text[], integer, text),

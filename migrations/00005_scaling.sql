@@ -76,22 +76,12 @@ last_process AS (
     JOIN (SELECT x.node, x.pid FROM files.workers x ORDER BY x.started_at DESC LIMIT 1) p
       ON w.node = p.node AND w.pid = p.pid
 ),
--- Pending rows, through the partial index files_claim_idx: the cost follows the
--- backlog, not the table's history.
+-- Pending and running rows per queue, from the counts the SQL API keeps
+-- (files.queue_summary): the cost follows neither the backlog nor the
+-- table's history.
 backlog AS (
-    SELECT f.queue,
-           count(*) AS pending,
-           count(*) FILTER (WHERE f.run_after > now()) AS scheduled,
-           min(f.created_at) AS oldest
-    FROM files.files f
-    WHERE f.state = 'pending'
-    GROUP BY f.queue
-),
-busy AS (
-    SELECT f.queue, count(*) AS running
-    FROM files.files f
-    WHERE f.state = 'running'
-    GROUP BY f.queue
+    SELECT s.queue, s.pending, s.scheduled, s.running, now() - s.oldest_pending_age AS oldest
+    FROM files.queue_summary s
 ),
 -- Attempts carried to an outcome within the window, among the newest 50 per
 -- slot that can have recorded them. files.attempts is written at the outcome,
@@ -127,17 +117,16 @@ per_queue AS (
            q.paused,
            coalesce(b.pending, 0) AS pending,
            coalesce(b.scheduled, 0) AS scheduled,
-           coalesce(r.running, 0) AS running,
+           coalesce(b.running, 0) AS running,
            now() - b.oldest AS oldest_pending_age,
            coalesce(a.attempts, 0) AS recent_attempts,
            a.busy_s / nullif(a.attempts, 0) AS own_mean_s,
            sl.slots,
            sl.nodes,
            -- What still needs a slot: pending rows (none of a paused queue) and running ones.
-           CASE WHEN q.paused THEN 0 ELSE coalesce(b.pending, 0) END + coalesce(r.running, 0) AS outstanding
+           CASE WHEN q.paused THEN 0 ELSE coalesce(b.pending, 0) END + coalesce(b.running, 0) AS outstanding
     FROM files.queues q
     LEFT JOIN backlog b ON b.queue = q.queue
-    LEFT JOIN busy r ON r.queue = q.queue
     LEFT JOIN recent a ON a.queue = q.queue
     CROSS JOIN LATERAL (
         SELECT count(*) AS slots, count(DISTINCT l.process) AS nodes

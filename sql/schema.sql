@@ -117,6 +117,13 @@ COMMENT ON INDEX files.files_claim_idx IS 'Serves files.claim: pending rows per 
 -- Running rows by holder, for heartbeats, fencing and reaping.
 CREATE INDEX files_running_idx ON files.files (worker_id) WHERE state = 'running';
 COMMENT ON INDEX files.files_running_idx IS 'Running rows by worker slot: heartbeats, reap, active_workers.';
+-- Pending rows whose run_after was moved past their creation (a retry's
+-- backoff, a release, a row enqueued for later): files.queue_summary counts
+-- the ones still waiting from here. A row enqueued to run now has run_after =
+-- created_at and takes no entry, so enqueueing pays nothing for it.
+CREATE INDEX files_moved_idx ON files.files (queue, run_after) WHERE state = 'pending' AND run_after > created_at;
+COMMENT ON INDEX files.files_moved_idx IS
+    'Pending rows whose run_after was moved past created_at, by queue and run_after: the rows waiting for a retry or a later start.';
 
 CREATE TABLE files.workers (
     worker_id          text        PRIMARY KEY,
@@ -264,6 +271,44 @@ COMMENT ON COLUMN files.batch_counts.recent IS
     'Rows ended, decaying with a time constant of 60 s as of recent_at: recent * exp(-age/60) / 60 is the recent rate per second.';
 COMMENT ON COLUMN files.batch_counts.recent_at IS 'When recent was last updated.';
 
+-- Queues: their rows per state are counted as they change, once per
+-- statement, so that files.queue_summary answers without reading files.files.
+-- Each statement that adds, ends or deletes rows appends one line per queue;
+-- files.fold_counts folds the lines into one per queue and minute, and the
+-- minutes older than an hour into one per queue. Appending never waits: an
+-- enqueue in a long transaction holds no lock that a completion needs.
+CREATE TABLE files.queue_counts (
+    queue            text        NOT NULL,
+    at               timestamptz NOT NULL,
+    folded           boolean     NOT NULL DEFAULT false,
+    rows             bigint      NOT NULL DEFAULT 0,
+    done             bigint      NOT NULL DEFAULT 0,
+    failed           bigint      NOT NULL DEFAULT 0,
+    cancelled        bigint      NOT NULL DEFAULT 0,
+    ended_done       bigint      NOT NULL DEFAULT 0,
+    ended_failed     bigint      NOT NULL DEFAULT 0,
+    ended_cancelled  bigint      NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE files.queue_counts IS
+    'Changes of the rows of each queue, per minute: summed, they give its rows, done, failed and cancelled; pending and '
+    'running follow. Appended by the SQL API and the triggers of files.files, folded by files.fold_counts. Read '
+    'files.queue_summary or files.queue_stats rather than this table.';
+COMMENT ON COLUMN files.queue_counts.queue IS 'Queue name.';
+COMMENT ON COLUMN files.queue_counts.at IS
+    'The minute of the change (date_trunc(''minute'', now())); -infinity for everything older than an hour, folded.';
+COMMENT ON COLUMN files.queue_counts.folded IS
+    'false: one statement''s change, appended; true: the sum of a queue''s changes in that minute (one line per queue and at).';
+COMMENT ON COLUMN files.queue_counts.rows IS 'Rows added (enqueued) minus rows deleted.';
+COMMENT ON COLUMN files.queue_counts.done IS 'Change in the number of done rows.';
+COMMENT ON COLUMN files.queue_counts.failed IS 'Change in the number of failed rows.';
+COMMENT ON COLUMN files.queue_counts.cancelled IS 'Change in the number of cancelled rows.';
+COMMENT ON COLUMN files.queue_counts.ended_done IS 'Rows that became done (for the rates of the last minute and hour); 0 once folded into -infinity.';
+COMMENT ON COLUMN files.queue_counts.ended_failed IS 'Rows that became failed; 0 once folded into -infinity.';
+COMMENT ON COLUMN files.queue_counts.ended_cancelled IS 'Rows that became cancelled; 0 once folded into -infinity.';
+
+CREATE UNIQUE INDEX queue_counts_folded_idx ON files.queue_counts (queue, at) WHERE folded;
+COMMENT ON INDEX files.queue_counts_folded_idx IS 'One folded line per queue and minute.';
+
 CREATE TABLE files.reap_state (
     singleton        boolean     PRIMARY KEY DEFAULT true,
     fleet_resumed_at timestamptz NOT NULL DEFAULT '-infinity',
@@ -290,11 +335,25 @@ DECLARE
     v_keys    boolean;
     v_batches boolean;
 BEGIN
-    -- One pass over the new rows says what the rest has to do.
-    SELECT array_agg(DISTINCT n.queue), array_agg(DISTINCT n.queue) FILTER (WHERE n.state = 'pending'),
-           bool_or(n.unique_key IS NOT NULL), bool_or(n.batch IS NOT NULL)
+    -- One pass over the new rows counts them in and says what the rest has to do.
+    WITH per_queue AS (
+        SELECT n.queue,
+               count(*) AS rows,
+               count(*) FILTER (WHERE n.state = 'pending') AS pending,
+               count(*) FILTER (WHERE n.state = 'done') AS done,
+               count(*) FILTER (WHERE n.state = 'failed') AS failed,
+               count(*) FILTER (WHERE n.state = 'cancelled') AS cancelled,
+               bool_or(n.unique_key IS NOT NULL) AS keys,
+               bool_or(n.batch IS NOT NULL) AS batches
+        FROM enqueued n
+        GROUP BY n.queue
+    ), counted AS (
+        INSERT INTO files.queue_counts (queue, at, rows, done, failed, cancelled)
+        SELECT p.queue, date_trunc('minute', now()), p.rows, p.done, p.failed, p.cancelled FROM per_queue p
+    )
+    SELECT array_agg(p.queue), array_agg(p.queue) FILTER (WHERE p.pending > 0), bool_or(p.keys), bool_or(p.batches)
     INTO v_queues, v_pending, v_keys, v_batches
-    FROM enqueued n;
+    FROM per_queue p;
 
     INSERT INTO files.queues (queue)
     SELECT q FROM unnest(v_queues) AS q
@@ -322,8 +381,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION files.notify_enqueued() IS
-    'Statement trigger on INSERT and COPY: registers new queues, unique keys and batches, and sends one files_pending '
-    'notification per queue and statement.';
+    'Statement trigger on INSERT and COPY: registers new queues, unique keys and batches, counts the rows into their '
+    'queues (files.queue_counts), and sends one files_pending notification per queue and statement.';
 
 CREATE TRIGGER files_enqueued
     AFTER INSERT ON files.files
@@ -342,17 +401,22 @@ AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         BEGIN
-            TRUNCATE files.attempts, files.unique_keys, files.batch_counts;
+            TRUNCATE files.attempts, files.unique_keys, files.batch_counts, files.queue_counts;
         EXCEPTION WHEN object_in_use THEN
             -- One of them is open in this session: named in the same
             -- TRUNCATE (then already empty) or read by an open cursor.
             DELETE FROM files.attempts;
             DELETE FROM files.unique_keys;
             DELETE FROM files.batch_counts;
+            DELETE FROM files.queue_counts;
         END;
         UPDATE files.batches SET total = 0, first_id = NULL, last_id = NULL WHERE total <> 0;
     ELSE
         DELETE FROM files.attempts a USING gone g WHERE a.file_id = g.id;
+        INSERT INTO files.queue_counts (queue, at, rows, done, failed, cancelled)
+        SELECT g.queue, date_trunc('minute', now()), -count(*), -count(*) FILTER (WHERE g.state = 'done'),
+               -count(*) FILTER (WHERE g.state = 'failed'), -count(*) FILTER (WHERE g.state = 'cancelled')
+        FROM gone g GROUP BY g.queue;
         DELETE FROM files.unique_keys k USING gone g
         WHERE g.unique_key IS NOT NULL AND k.queue = g.queue AND k.key = g.unique_key AND k.file_id = g.id;
         IF EXISTS (SELECT 1 FROM gone g WHERE g.batch IS NOT NULL) THEN
@@ -364,15 +428,16 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION files.delete_attempts() IS
-    'Trigger of files.files: the attempts and unique keys of deleted files go with them and their batches'' counts follow '
-    '(once per statement); TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts.';
+    'Trigger of files.files: the attempts and unique keys of deleted files go with them and their queues'' and batches'' '
+    'counts follow (once per statement); TRUNCATE files.files empties files.attempts, files.unique_keys, '
+    'files.batch_counts and files.queue_counts.';
 
 CREATE TRIGGER files_delete_attempts AFTER DELETE ON files.files
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts and unique keys of the deleted rows and counts them out of their batches, once per statement.';
+COMMENT ON TRIGGER files_delete_attempts ON files.files IS 'Deletes the attempts and unique keys of the deleted rows and counts them out of their queues and batches, once per statement.';
 CREATE TRIGGER files_truncate_attempts AFTER TRUNCATE ON files.files
     FOR EACH STATEMENT EXECUTE FUNCTION files.delete_attempts();
-COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts, files.unique_keys and files.batch_counts too.';
+COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.files empties files.attempts, files.unique_keys, files.batch_counts and files.queue_counts too.';
 
 -- ============================================================================
 -- The SQL API: everything a worker or an operator does to the queue goes through
@@ -736,7 +801,7 @@ COMMENT ON FUNCTION files.finish_batches(text[]) IS
     'notification with the name of each. Called by files.tally as rows end, and by files.reap for batches whose last rows '
     'ended in concurrent transactions (each of which saw the other''s rows still open).';
 
-CREATE FUNCTION files.tally(batches text[], was text[], became text[])
+CREATE FUNCTION files.tally(queues text[], batches text[], was text[], became text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -745,6 +810,23 @@ DECLARE
     v_ended    text[];
     v_reopened text[];
 BEGIN
+    -- The queues' counts: one line appended per queue (none when queues is NULL:
+    -- the triggers of files.files count their rows themselves).
+    INSERT INTO files.queue_counts (queue, at, done, failed, cancelled, ended_done, ended_failed, ended_cancelled)
+    SELECT x.queue, date_trunc('minute', now()),
+           sum((x.became = 'done')::integer - (x.was = 'done')::integer),
+           sum((x.became = 'failed')::integer - (x.was = 'failed')::integer),
+           sum((x.became = 'cancelled')::integer - (x.was = 'cancelled')::integer),
+           count(*) FILTER (WHERE x.became = 'done' AND x.was <> 'done'),
+           count(*) FILTER (WHERE x.became = 'failed' AND x.was <> 'failed'),
+           count(*) FILTER (WHERE x.became = 'cancelled' AND x.was <> 'cancelled')
+    FROM unnest(tally.queues, tally.was, tally.became) AS x(queue, was, became)
+    WHERE x.queue IS NOT NULL
+    GROUP BY x.queue;
+
+    IF tally.batches IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(tally.batches) AS b(batch) WHERE b.batch IS NOT NULL) THEN
+        RETURN;
+    END IF;
     WITH d AS (
         SELECT x.batch,
                sum((x.became = 'done')::integer - (x.was = 'done')::integer) AS done,
@@ -781,9 +863,54 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION files.tally(text[], text[], text[]) IS
-    'Counts rows that changed state in their batches: element i is row i''s batch (NULL: none), old state and new state. '
-    'Finishes the batches whose last row ended, and opens again the finished ones whose rows went back to pending.';
+COMMENT ON FUNCTION files.tally(text[], text[], text[], text[]) IS
+    'Counts rows that changed state in their queues and batches: element i is row i''s queue, batch (NULL: none), old '
+    'state and new state (queues NULL: count in the batches only). Finishes the batches whose last row ended, and opens '
+    'again the finished ones whose rows went back to pending.';
+
+CREATE FUNCTION files.fold_counts()
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- The lines appended since the last fold, and the folded minutes that fell
+    -- out of the last hour, become one folded line per queue and minute (and
+    -- -infinity). A line is deleted by one fold only, so folds may overlap.
+    WITH gone AS (
+        DELETE FROM files.queue_counts c
+        WHERE NOT c.folded OR (c.at < date_trunc('minute', now()) - interval '1 hour' AND c.at > '-infinity')
+        RETURNING c.*
+    ), sums AS (
+        SELECT g.queue, g.at < date_trunc('minute', now()) - interval '1 hour' AS old,
+               CASE WHEN g.at < date_trunc('minute', now()) - interval '1 hour' THEN '-infinity' ELSE g.at END AS at,
+               sum(g.rows) AS rows, sum(g.done) AS done, sum(g.failed) AS failed, sum(g.cancelled) AS cancelled,
+               sum(g.ended_done) AS ended_done, sum(g.ended_failed) AS ended_failed,
+               sum(g.ended_cancelled) AS ended_cancelled
+        FROM gone g
+        GROUP BY 1, 2, 3
+    )
+    INSERT INTO files.queue_counts AS c (queue, at, folded, rows, done, failed, cancelled,
+                                         ended_done, ended_failed, ended_cancelled)
+    SELECT s.queue, s.at, true, sum(s.rows), sum(s.done), sum(s.failed), sum(s.cancelled),
+           -- Beyond the hour only the sums matter: the rates are of the last hour.
+           coalesce(sum(s.ended_done) FILTER (WHERE NOT s.old), 0),
+           coalesce(sum(s.ended_failed) FILTER (WHERE NOT s.old), 0),
+           coalesce(sum(s.ended_cancelled) FILTER (WHERE NOT s.old), 0)
+    FROM sums s
+    GROUP BY s.queue, s.at
+    ORDER BY s.queue, s.at
+    ON CONFLICT (queue, at) WHERE folded DO UPDATE
+    SET rows = c.rows + EXCLUDED.rows,
+        done = c.done + EXCLUDED.done,
+        failed = c.failed + EXCLUDED.failed,
+        cancelled = c.cancelled + EXCLUDED.cancelled,
+        ended_done = c.ended_done + EXCLUDED.ended_done,
+        ended_failed = c.ended_failed + EXCLUDED.ended_failed,
+        ended_cancelled = c.ended_cancelled + EXCLUDED.ended_cancelled;
+$$;
+COMMENT ON FUNCTION files.fold_counts() IS
+    'Folds files.queue_counts: the lines appended since the last fold become one line per queue and minute, and the '
+    'minutes older than an hour one line per queue (at -infinity). Called by files.reap and files.prune; folds may overlap.';
 
 CREATE FUNCTION files.batch_rows_added(batches text[], ids bigint[], states text[])
 RETURNS void
@@ -802,7 +929,7 @@ BEGIN
         finished_at = NULL;
     -- Rows inserted already ended (by an admin's INSERT) count as ended.
     IF EXISTS (SELECT 1 FROM unnest(batch_rows_added.states) AS s(state) WHERE s.state <> 'pending') THEN
-        PERFORM files.tally(array_agg(x.batch), array_agg('pending'::text), array_agg(x.state))
+        PERFORM files.tally(NULL, array_agg(x.batch), array_agg('pending'::text), array_agg(x.state))
         FROM unnest(batch_rows_added.batches, batch_rows_added.states) AS x(batch, state)
         WHERE x.state <> 'pending';
     END IF;
@@ -821,7 +948,7 @@ BEGIN
     FROM (SELECT x.batch, count(*) AS n FROM unnest(batch_rows_deleted.batches) AS x(batch)
           GROUP BY x.batch ORDER BY x.batch) d
     WHERE b.batch = d.batch;
-    PERFORM files.tally(batch_rows_deleted.batches, batch_rows_deleted.states,
+    PERFORM files.tally(NULL, batch_rows_deleted.batches, batch_rows_deleted.states,
                         array_fill('deleted'::text, ARRAY[cardinality(batch_rows_deleted.batches)]));
     -- Deleting a batch's last open rows ends it.
     PERFORM files.finish_batches(array_agg(DISTINCT x.batch))
@@ -902,6 +1029,9 @@ BEGIN
                coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                complete.report ->> 'stderr_tail'
         FROM done d
+    ), counted AS (
+        INSERT INTO files.queue_counts (queue, at, done, ended_done)
+        SELECT d.queue, date_trunc('minute', now()), 1, 1 FROM done d
     )
     SELECT count(*), min(d.batch), array_agg(d.queue) FILTER (WHERE complete.then_queue IS NOT NULL)
     INTO n, v_batch, v_queues FROM done d;
@@ -912,7 +1042,7 @@ BEGIN
     IF n = 0 THEN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
     ELSIF v_batch IS NOT NULL THEN
-        PERFORM files.tally(ARRAY[v_batch], ARRAY['running'], ARRAY['done']);
+        PERFORM files.tally(NULL, ARRAY[v_batch], ARRAY['running'], ARRAY['done']);
     END IF;
     RETURN n > 0;
 END
@@ -981,6 +1111,9 @@ BEGIN
                coalesce((d.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                d.report ->> 'stderr_tail'
         FROM done d
+    ), counted AS (
+        INSERT INTO files.queue_counts (queue, at, done, ended_done)
+        SELECT d.queue, date_trunc('minute', now()), count(*), count(*) FROM done d GROUP BY d.queue
     )
     SELECT array_agg(d.id), array_agg(d.batch) FILTER (WHERE d.batch IS NOT NULL),
            array_agg(d.queue) FILTER (WHERE complete_many.then_queue IS NOT NULL)
@@ -993,7 +1126,7 @@ BEGIN
         PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);
     END IF;
     IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
+        PERFORM files.tally(NULL, v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
                             array_fill('done'::text, ARRAY[cardinality(v_batches)]));
     END IF;
     RETURN QUERY SELECT u.id FROM unnest(v_done) AS u(id);
@@ -1035,9 +1168,7 @@ BEGIN
         SET state = 'failed', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), last_error = v_error,
             claim_token_hash = NULL
         WHERE f.id = r.id;
-        IF r.batch IS NOT NULL THEN
-            PERFORM files.tally(ARRAY[r.batch], ARRAY['running'], ARRAY['failed']);
-        END IF;
+        PERFORM files.tally(ARRAY[r.queue], ARRAY[r.batch], ARRAY['running'], ARRAY['failed']);
     ELSE
         SELECT q.backoff_base, q.backoff_max INTO v_base, v_max FROM files.queues q WHERE q.queue = r.queue;
         v_base := coalesce(v_base, interval '1 second');
@@ -1356,6 +1487,7 @@ DECLARE
     n         integer;
     v_queues  text[];
     v_since   timestamptz;
+    v_failed  text[];
     v_batches text[];
 BEGIN
     -- Every node may call reap at once: one does the work, the others return at once.
@@ -1394,15 +1526,16 @@ BEGIN
         FROM returned r
     )
     SELECT count(*), array_agg(DISTINCT r.queue) FILTER (WHERE r.state = 'pending'),
-           array_agg(r.batch) FILTER (WHERE r.state = 'failed' AND r.batch IS NOT NULL)
-    INTO n, v_queues, v_batches FROM returned r;
+           array_agg(r.queue) FILTER (WHERE r.state = 'failed'), array_agg(r.batch) FILTER (WHERE r.state = 'failed')
+    INTO n, v_queues, v_failed, v_batches FROM returned r;
 
-    IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
-                            array_fill('failed'::text, ARRAY[cardinality(v_batches)]));
+    IF v_failed IS NOT NULL THEN
+        PERFORM files.tally(v_failed, v_batches, array_fill('running'::text, ARRAY[cardinality(v_failed)]),
+                            array_fill('failed'::text, ARRAY[cardinality(v_failed)]));
     END IF;
     -- Batches whose last rows ended in concurrent transactions.
     PERFORM files.finish_batches(NULL);
+    PERFORM files.fold_counts();
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
     RETURN n;
 END
@@ -1411,8 +1544,8 @@ COMMENT ON FUNCTION files.reap() IS
     'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
     '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
     'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
-    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches). '
-    'Returns the number of rows returned.';
+    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches) and '
+    'folds the queues'' counts (files.fold_counts). Returns the number of rows returned.';
 
 -- Operators: cancel, retry, pause and resume.
 
@@ -1424,11 +1557,12 @@ AS $$
 DECLARE
     n         integer;
     v_told    text[];
+    v_queues  text[];
     v_batches text[];
     v_was     text[];
 BEGIN
     WITH target AS (
-        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at, x.batch FROM files.files x
+        SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at, x.queue, x.batch FROM files.files x
         WHERE x.id = ANY (cancel.ids) AND x.state IN ('pending', 'running')
         ORDER BY x.id FOR UPDATE
     ), cancelled AS (
@@ -1445,12 +1579,11 @@ BEGIN
     SELECT count(*),
            array_agg(json_build_object('op', 'cancel', 'file_id', t.id, 'worker_id', t.worker_id)::text)
                FILTER (WHERE t.state = 'running'),
-           array_agg(t.batch) FILTER (WHERE t.batch IS NOT NULL),
-           array_agg(t.state) FILTER (WHERE t.batch IS NOT NULL)
-    INTO n, v_told, v_batches, v_was FROM target t;
+           array_agg(t.queue), array_agg(t.batch), array_agg(t.state)
+    INTO n, v_told, v_queues, v_batches, v_was FROM target t;
 
-    IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, v_was, array_fill('cancelled'::text, ARRAY[cardinality(v_batches)]));
+    IF n > 0 THEN
+        PERFORM files.tally(v_queues, v_batches, v_was, array_fill('cancelled'::text, ARRAY[n]));
     END IF;
 
     -- Running rows: tell their workers to stop the work.
@@ -1471,6 +1604,7 @@ AS $$
 DECLARE
     n         integer;
     v_queues  text[];
+    v_rows    text[];
     v_batches text[];
     v_was     text[];
 BEGIN
@@ -1479,7 +1613,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH target AS (
-        SELECT x.id, x.state, x.batch FROM files.files x
+        SELECT x.id, x.state, x.queue, x.batch FROM files.files x
         WHERE (retry.queue IS NULL OR x.queue = retry.queue)
           AND CASE WHEN retry.ids IS NULL THEN x.state = 'failed'
                    ELSE x.id = ANY (retry.ids) AND x.state IN ('failed', 'cancelled', 'done') END
@@ -1491,11 +1625,11 @@ BEGIN
         RETURNING f.queue
     )
     SELECT (SELECT count(*) FROM retried), (SELECT array_agg(DISTINCT r.queue) FROM retried r),
-           array_agg(t.batch) FILTER (WHERE t.batch IS NOT NULL), array_agg(t.state) FILTER (WHERE t.batch IS NOT NULL)
-    INTO n, v_queues, v_batches, v_was FROM target t;
+           array_agg(t.queue), array_agg(t.batch), array_agg(t.state)
+    INTO n, v_queues, v_rows, v_batches, v_was FROM target t;
 
-    IF v_batches IS NOT NULL THEN
-        PERFORM files.tally(v_batches, v_was, array_fill('pending'::text, ARRAY[cardinality(v_batches)]));
+    IF n > 0 THEN
+        PERFORM files.tally(v_rows, v_batches, v_was, array_fill('pending'::text, ARRAY[n]));
     END IF;
 
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
@@ -1589,68 +1723,177 @@ COMMENT ON COLUMN files.active_workers.running_since IS 'When the slot claimed t
 COMMENT ON COLUMN files.active_workers.running_for IS 'How long the slot has been working on that row.';
 COMMENT ON COLUMN files.active_workers.lease_expires_at IS 'When the row returns to the queue unless the slot heartbeats.';
 
-CREATE VIEW files.queue_stats AS
-WITH counts AS (
-    SELECT f.queue,
-           f.state,
-           count(*) AS files,
-           count(*) FILTER (WHERE f.state = 'pending' AND f.run_after > now()) AS scheduled,
-           min(f.created_at) FILTER (WHERE f.state = 'pending') AS oldest_pending,
-           count(*) FILTER (WHERE f.finished_at > now() - interval '1 minute') AS finished_last_minute,
-           count(*) FILTER (WHERE f.finished_at > now() - interval '1 hour') AS finished_last_hour
+-- Per queue, from the counts kept as rows change (files.queue_counts) and three
+-- bounded reads of files.files: the running rows (files_running_idx, as many
+-- as there are slots), the rows waiting for a retry (files_moved_idx) and the
+-- first pending row of each priority (files_claim_idx). No line costs a read
+-- of the table's history or of its backlog.
+CREATE VIEW files.queue_summary AS
+WITH clock AS (
+    SELECT date_trunc('minute', now()) AS minute,
+           1 - extract(epoch FROM now() - date_trunc('minute', now()))::double precision / 60 AS rest
+),
+counts AS (
+    -- The rates of the last minute and hour count the minute that began
+    -- before the window by the part of it inside the window.
+    SELECT c.queue,
+           sum(c.rows)::bigint AS rows, sum(c.done)::bigint AS done, sum(c.failed)::bigint AS failed,
+           sum(c.cancelled)::bigint AS cancelled,
+           round(sum(c.ended_done * w.minute))::bigint AS done_last_minute,
+           round(sum(c.ended_failed * w.minute))::bigint AS failed_last_minute,
+           round(sum(c.ended_cancelled * w.minute))::bigint AS cancelled_last_minute,
+           round(sum(c.ended_done * w.hour))::bigint AS done_last_hour,
+           round(sum(c.ended_failed * w.hour))::bigint AS failed_last_hour,
+           round(sum(c.ended_cancelled * w.hour))::bigint AS cancelled_last_hour
+    FROM files.queue_counts c
+    CROSS JOIN clock k
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN c.at = k.minute THEN 1 WHEN c.at = k.minute - interval '1 minute' THEN k.rest ELSE 0 END AS minute,
+               CASE WHEN c.at > k.minute - interval '1 hour' THEN 1 WHEN c.at = k.minute - interval '1 hour' THEN k.rest ELSE 0 END
+                   AS hour
+    ) w
+    GROUP BY c.queue
+),
+running AS (
+    SELECT f.queue, count(*) AS running
     FROM files.files f
-    GROUP BY f.queue, f.state
+    WHERE f.state = 'running'
+    GROUP BY f.queue
+),
+scheduled AS (
+    SELECT f.queue, count(*) AS scheduled
+    FROM files.files f
+    WHERE f.state = 'pending' AND f.run_after > f.created_at AND f.run_after > now()
+    GROUP BY f.queue
 )
 SELECT q.queue,
        q.paused,
-       s.state,
-       coalesce(c.files, 0) AS files,
-       coalesce(c.scheduled, 0) AS scheduled,
-       now() - c.oldest_pending AS oldest_pending_age,
-       coalesce(c.finished_last_minute, 0) AS finished_last_minute,
-       coalesce(c.finished_last_hour, 0) AS finished_last_hour
+       coalesce(c.rows, 0) - coalesce(r.running, 0) - coalesce(c.done, 0) - coalesce(c.failed, 0)
+           - coalesce(c.cancelled, 0) AS pending,
+       coalesce(r.running, 0) AS running,
+       coalesce(c.done, 0) AS done,
+       coalesce(c.failed, 0) AS failed,
+       coalesce(c.cancelled, 0) AS cancelled,
+       coalesce(s.scheduled, 0) AS scheduled,
+       now() - o.created_at AS oldest_pending_age,
+       coalesce(c.done_last_minute, 0) AS done_last_minute,
+       coalesce(c.failed_last_minute, 0) AS failed_last_minute,
+       coalesce(c.cancelled_last_minute, 0) AS cancelled_last_minute,
+       coalesce(c.done_last_hour, 0) AS done_last_hour,
+       coalesce(c.failed_last_hour, 0) AS failed_last_hour,
+       coalesce(c.cancelled_last_hour, 0) AS cancelled_last_hour
 FROM files.queues q
-CROSS JOIN (VALUES (1, 'pending'), (2, 'running'), (3, 'done'), (4, 'failed'), (5, 'cancelled')) AS s (ord, state)
-LEFT JOIN counts c ON c.queue = q.queue AND c.state = s.state
-ORDER BY q.queue, s.ord;
+LEFT JOIN counts c ON c.queue = q.queue
+LEFT JOIN running r ON r.queue = q.queue
+LEFT JOIN scheduled s ON s.queue = q.queue
+-- The oldest pending row: the first of each priority in files_claim_idx (a
+-- skip from priority to priority), the one of those enqueued first.
+LEFT JOIN LATERAL (
+    WITH RECURSIVE heads (priority, created_at) AS (
+        (SELECT f.priority, f.created_at FROM files.files f
+         WHERE f.queue = q.queue AND f.state = 'pending'
+         ORDER BY f.priority DESC, f.id LIMIT 1)
+        UNION ALL
+        SELECT n.priority, n.created_at
+        FROM heads h
+        CROSS JOIN LATERAL (
+            SELECT f.priority, f.created_at FROM files.files f
+            WHERE f.queue = q.queue AND f.state = 'pending' AND f.priority < h.priority
+            ORDER BY f.priority DESC, f.id LIMIT 1
+        ) n
+    )
+    SELECT min(h.created_at) AS created_at FROM heads h
+) o ON true;
+COMMENT ON VIEW files.queue_summary IS
+    'One line per queue: its rows by state, those waiting for a retry, the oldest pending age, and how many rows ended in '
+    'the last minute and hour. Reads the counts the SQL API keeps (files.queue_counts) and bounded parts of files.files, '
+    'never the whole table.';
+COMMENT ON COLUMN files.queue_summary.queue IS 'Queue name.';
+COMMENT ON COLUMN files.queue_summary.paused IS 'Whether the queue is paused.';
+COMMENT ON COLUMN files.queue_summary.pending IS 'Rows waiting to run, retries waiting for run_after among them.';
+COMMENT ON COLUMN files.queue_summary.running IS 'Rows held by worker slots now.';
+COMMENT ON COLUMN files.queue_summary.done IS 'Rows done.';
+COMMENT ON COLUMN files.queue_summary.failed IS 'Rows failed for good.';
+COMMENT ON COLUMN files.queue_summary.cancelled IS 'Rows cancelled.';
+COMMENT ON COLUMN files.queue_summary.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff, a later start).';
+COMMENT ON COLUMN files.queue_summary.oldest_pending_age IS
+    'Age of the oldest pending row (of the first row of each priority in claim order, the one enqueued first).';
+COMMENT ON COLUMN files.queue_summary.done_last_minute IS
+    'Rows that became done in the last minute, from per-minute counts (the minute the window cuts is counted pro rata).';
+COMMENT ON COLUMN files.queue_summary.failed_last_minute IS 'Rows that became failed in the last minute, as done_last_minute.';
+COMMENT ON COLUMN files.queue_summary.cancelled_last_minute IS 'Rows that became cancelled in the last minute, as done_last_minute.';
+COMMENT ON COLUMN files.queue_summary.done_last_hour IS 'Rows that became done in the last hour, as done_last_minute.';
+COMMENT ON COLUMN files.queue_summary.failed_last_hour IS 'Rows that became failed in the last hour, as done_last_minute.';
+COMMENT ON COLUMN files.queue_summary.cancelled_last_hour IS 'Rows that became cancelled in the last hour, as done_last_minute.';
+
+CREATE VIEW files.queue_stats AS
+SELECT s.queue,
+       s.paused,
+       x.state,
+       x.files,
+       CASE WHEN x.state = 'pending' THEN s.scheduled ELSE 0 END AS scheduled,
+       CASE WHEN x.state = 'pending' THEN s.oldest_pending_age END AS oldest_pending_age,
+       x.finished_last_minute,
+       x.finished_last_hour
+FROM files.queue_summary s
+CROSS JOIN LATERAL (VALUES
+    (1, 'pending', s.pending, 0::bigint, 0::bigint),
+    (2, 'running', s.running, 0, 0),
+    (3, 'done', s.done, s.done_last_minute, s.done_last_hour),
+    (4, 'failed', s.failed, s.failed_last_minute, s.failed_last_hour),
+    (5, 'cancelled', s.cancelled, s.cancelled_last_minute, s.cancelled_last_hour)
+) AS x (ord, state, files, finished_last_minute, finished_last_hour)
+ORDER BY s.queue, x.ord;
 COMMENT ON VIEW files.queue_stats IS
-    'One line per queue and state: how many rows, how many wait for a retry, the oldest pending age, and how many finished in the last minute and hour.';
+    'One line per queue and state: how many rows, how many wait for a retry, the oldest pending age, and how many finished '
+    'in the last minute and hour. files.queue_summary side by side; as cheap as it.';
 COMMENT ON COLUMN files.queue_stats.queue IS 'Queue name.';
 COMMENT ON COLUMN files.queue_stats.paused IS 'Whether the queue is paused.';
 COMMENT ON COLUMN files.queue_stats.state IS 'pending, running, done, failed or cancelled.';
 COMMENT ON COLUMN files.queue_stats.files IS 'Rows of the queue in this state.';
 COMMENT ON COLUMN files.queue_stats.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff).';
 COMMENT ON COLUMN files.queue_stats.oldest_pending_age IS 'Age of the oldest pending row (pending line only).';
-COMMENT ON COLUMN files.queue_stats.finished_last_minute IS 'Rows that reached this terminal state in the last minute.';
+COMMENT ON COLUMN files.queue_stats.finished_last_minute IS
+    'Rows that reached this terminal state in the last minute (from per-minute counts, see files.queue_summary).';
 COMMENT ON COLUMN files.queue_stats.finished_last_hour IS 'Rows that reached this terminal state in the last hour.';
 
+-- Over the recent history only: the attempts of the last hour among the
+-- newest 100,000, one range of files.attempts' primary key (attempts are
+-- written at their outcome). Its cost is bounded however long the history.
 CREATE VIEW files.worker_metrics AS
+WITH recent AS (
+    SELECT a.worker_id, a.outcome, a.duration
+    FROM files.attempts a
+    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 100000
+      AND a.finished_at > now() - interval '1 hour'
+)
 SELECT w.worker_id,
        w.node,
        w.pid,
        w.slot,
        w.state,
-       count(a.id) FILTER (WHERE a.outcome IN ('done', 'failed')) AS processed,
-       count(a.id) FILTER (WHERE a.outcome = 'done') AS done,
-       count(a.id) FILTER (WHERE a.outcome = 'failed') AS failed,
-       count(a.id) FILTER (WHERE a.outcome = 'lost') AS lost,
-       round(count(a.id) FILTER (WHERE a.outcome = 'failed')::numeric
-             / nullif(count(a.id) FILTER (WHERE a.outcome IN ('done', 'failed')), 0), 4) AS failure_rate,
+       count(a.outcome) FILTER (WHERE a.outcome IN ('done', 'failed')) AS processed,
+       count(a.outcome) FILTER (WHERE a.outcome = 'done') AS done,
+       count(a.outcome) FILTER (WHERE a.outcome = 'failed') AS failed,
+       count(a.outcome) FILTER (WHERE a.outcome = 'lost') AS lost,
+       round(count(a.outcome) FILTER (WHERE a.outcome = 'failed')::numeric
+             / nullif(count(a.outcome) FILTER (WHERE a.outcome IN ('done', 'failed')), 0), 4) AS failure_rate,
        avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
            FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration,
        w.last_heartbeat_at AS last_seen
 FROM files.workers w
-LEFT JOIN files.attempts a ON a.worker_id = w.worker_id
+LEFT JOIN recent a ON a.worker_id = w.worker_id
 GROUP BY w.worker_id;
 COMMENT ON VIEW files.worker_metrics IS
-    'Per worker slot: attempts carried to an outcome (processed = done + failed), lost attempts, failure rate, mean and p95 processing time, last seen.';
+    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 100,000): attempts carried to an '
+    'outcome (processed = done + failed), lost attempts, failure rate, mean and p95 processing time, last seen.';
 COMMENT ON COLUMN files.worker_metrics.worker_id IS 'Slot identity.';
 COMMENT ON COLUMN files.worker_metrics.node IS 'Host name of the worker node.';
 COMMENT ON COLUMN files.worker_metrics.pid IS 'Process id on the node.';
 COMMENT ON COLUMN files.worker_metrics.slot IS 'Slot number within the process.';
 COMMENT ON COLUMN files.worker_metrics.state IS 'active, draining, stopped or dead.';
-COMMENT ON COLUMN files.worker_metrics.processed IS 'Attempts that ended done or failed.';
+COMMENT ON COLUMN files.worker_metrics.processed IS 'Attempts that ended done or failed (in the last hour, as the view).';
 COMMENT ON COLUMN files.worker_metrics.done IS 'Attempts that ended done.';
 COMMENT ON COLUMN files.worker_metrics.failed IS 'Attempts that ended failed.';
 COMMENT ON COLUMN files.worker_metrics.lost IS 'Attempts lost because the slot went silent.';
@@ -1739,7 +1982,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
 
 -- Workers run the worker API and read the views; they write only through the API.
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
-GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.batch_progress, files.reap_state
+GRANT SELECT ON files.active_workers, files.queue_summary, files.queue_stats, files.worker_metrics, files.batch_progress,
+    files.reap_state
     TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
     files.claim(text, text[], integer, text),
@@ -1850,22 +2094,12 @@ last_process AS (
     JOIN (SELECT x.node, x.pid FROM files.workers x ORDER BY x.started_at DESC LIMIT 1) p
       ON w.node = p.node AND w.pid = p.pid
 ),
--- Pending rows, through the partial index files_claim_idx: the cost follows the
--- backlog, not the table's history.
+-- Pending and running rows per queue, from the counts the SQL API keeps
+-- (files.queue_summary): the cost follows neither the backlog nor the
+-- table's history.
 backlog AS (
-    SELECT f.queue,
-           count(*) AS pending,
-           count(*) FILTER (WHERE f.run_after > now()) AS scheduled,
-           min(f.created_at) AS oldest
-    FROM files.files f
-    WHERE f.state = 'pending'
-    GROUP BY f.queue
-),
-busy AS (
-    SELECT f.queue, count(*) AS running
-    FROM files.files f
-    WHERE f.state = 'running'
-    GROUP BY f.queue
+    SELECT s.queue, s.pending, s.scheduled, s.running, now() - s.oldest_pending_age AS oldest
+    FROM files.queue_summary s
 ),
 -- Attempts carried to an outcome within the window, among the newest 50 per
 -- slot that can have recorded them. files.attempts is written at the outcome,
@@ -1901,17 +2135,16 @@ per_queue AS (
            q.paused,
            coalesce(b.pending, 0) AS pending,
            coalesce(b.scheduled, 0) AS scheduled,
-           coalesce(r.running, 0) AS running,
+           coalesce(b.running, 0) AS running,
            now() - b.oldest AS oldest_pending_age,
            coalesce(a.attempts, 0) AS recent_attempts,
            a.busy_s / nullif(a.attempts, 0) AS own_mean_s,
            sl.slots,
            sl.nodes,
            -- What still needs a slot: pending rows (none of a paused queue) and running ones.
-           CASE WHEN q.paused THEN 0 ELSE coalesce(b.pending, 0) END + coalesce(r.running, 0) AS outstanding
+           CASE WHEN q.paused THEN 0 ELSE coalesce(b.pending, 0) END + coalesce(b.running, 0) AS outstanding
     FROM files.queues q
     LEFT JOIN backlog b ON b.queue = q.queue
-    LEFT JOIN busy r ON r.queue = q.queue
     LEFT JOIN recent a ON a.queue = q.queue
     CROSS JOIN LATERAL (
         SELECT count(*) AS slots, count(DISTINCT l.process) AS nodes
@@ -2005,4 +2238,236 @@ REVOKE ALL ON FUNCTION files.scaling_hint(interval, integer, integer) FROM PUBLI
 GRANT SELECT ON files.scaling_settings, files.scaling_hint TO pgworker_worker, pgworker_reader;
 GRANT EXECUTE ON FUNCTION files.scaling_hint(interval, integer, integer) TO pgworker_worker, pgworker_reader;
 GRANT UPDATE (target_drain, min_nodes, max_nodes, slots_per_node, sample_window) ON files.scaling_settings TO pgworker_admin;
+
+-- ============================================================================
+-- Retention: how long finished rows are kept, per queue and per batch, and the
+-- pruner that deletes them (files.prune), which every worker runs and one runs
+-- at a time. Rows that are not finished, and rows of a batch that is not
+-- finished, are never deleted; a row's attempts go with it.
+-- ============================================================================
+
+ALTER TABLE files.queues
+    ADD COLUMN keep_done   interval DEFAULT '7 days',
+    ADD COLUMN keep_failed interval DEFAULT '30 days',
+    ADD CONSTRAINT queues_keep_valid CHECK (keep_done >= '0' AND keep_failed >= '0');
+COMMENT ON COLUMN files.queues.keep_done IS
+    'How long done and cancelled rows without a batch are kept after they finished (then files.prune deletes them); '
+    'NULL keeps them for good. Set with files.keep_queue.';
+COMMENT ON COLUMN files.queues.keep_failed IS
+    'How long failed rows without a batch are kept after they failed; NULL keeps them for good. Set with files.keep_queue.';
+
+ALTER TABLE files.batches
+    ADD COLUMN keep interval,
+    ADD CONSTRAINT batches_keep_valid CHECK (keep >= '0');
+COMMENT ON COLUMN files.batches.keep IS
+    'How long the batch and its rows are kept after it finished (then files.prune deletes them); NULL, the default, keeps '
+    'them until this is set, so that pgworker results can read them. Set with files.keep_batch.';
+
+-- Finished rows without a batch, by queue, state and age: what files.prune
+-- deletes, oldest first, without reading the rows it keeps. A batch's rows are
+-- found through its id range instead (files.batches.first_id, last_id).
+CREATE INDEX files_finished_idx ON files.files (queue, state, finished_at)
+    WHERE state IN ('done', 'failed', 'cancelled') AND batch IS NULL;
+COMMENT ON INDEX files.files_finished_idx IS
+    'Finished rows without a batch by queue, state and finished_at: the rows files.prune may delete, oldest first.';
+
+CREATE FUNCTION files.prune(max_rows integer DEFAULT 1000, dry_run boolean DEFAULT false, wait boolean DEFAULT false,
+                            keep_workers interval DEFAULT '7 days')
+RETURNS TABLE (queue text, batch text, state text, rows bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_left integer := prune.max_rows;
+    q      record;
+    b      record;
+    s      record;
+    n      bigint;
+BEGIN
+    IF prune.max_rows IS NULL OR prune.max_rows < 1 OR prune.max_rows > 100000 THEN
+        RAISE EXCEPTION 'files.prune: max_rows must be between 1 and 100000'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- One pruner at a time: the others return at once, or wait with wait.
+    IF prune.wait THEN
+        PERFORM pg_advisory_xact_lock(hashtext('files.prune'));
+    ELSIF NOT pg_try_advisory_xact_lock(hashtext('files.prune')) THEN
+        RETURN;
+    END IF;
+    PERFORM files.fold_counts();
+
+    -- Rows without a batch, by their queue's settings, oldest first. Each
+    -- statement locks what it deletes and skips what another holds (a retry
+    -- of the row, say), so a claim or an outcome never waits for it.
+    FOR q IN
+        SELECT x.queue, s.state, s.keep
+        FROM files.queues x
+        CROSS JOIN LATERAL (VALUES ('done', x.keep_done), ('cancelled', x.keep_done), ('failed', x.keep_failed)) AS s (state, keep)
+        WHERE s.keep IS NOT NULL
+        ORDER BY x.queue, s.state
+    LOOP
+        IF prune.dry_run THEN
+            SELECT count(*) INTO n FROM files.files f
+            WHERE f.queue = q.queue AND f.state = q.state AND f.state IN ('done', 'failed', 'cancelled')
+              AND f.batch IS NULL AND f.finished_at < now() - q.keep;
+        ELSE
+            EXIT WHEN v_left <= 0;
+            WITH gone AS (
+                DELETE FROM files.files f
+                WHERE f.id IN (SELECT x.id FROM files.files x
+                               WHERE x.queue = q.queue AND x.state = q.state AND x.state IN ('done', 'failed', 'cancelled')
+                                 AND x.batch IS NULL AND x.finished_at < now() - q.keep
+                               ORDER BY x.finished_at LIMIT v_left
+                               FOR UPDATE SKIP LOCKED)
+                RETURNING f.id
+            )
+            SELECT count(*) INTO n FROM gone;
+            v_left := v_left - n;
+        END IF;
+        IF n > 0 THEN
+            RETURN QUERY SELECT q.queue, NULL::text, q.state, n;
+        END IF;
+    END LOOP;
+
+    -- Batches finished longer ago than their keep: their rows, and the batch
+    -- once the last is gone. The batch's row is locked first, so that no row
+    -- joins it and no retry opens it again meanwhile.
+    FOR b IN
+        SELECT x.batch FROM files.batches x
+        WHERE x.finished_at IS NOT NULL AND x.keep IS NOT NULL AND x.finished_at < now() - x.keep
+        ORDER BY x.finished_at, x.batch
+    LOOP
+        EXIT WHEN v_left <= 0 AND NOT prune.dry_run;
+        IF prune.dry_run THEN
+            RETURN QUERY
+            SELECT f.queue, f.batch, f.state, count(*)
+            FROM files.batches x JOIN files.files f ON f.id BETWEEN x.first_id AND x.last_id AND f.batch = x.batch
+            WHERE x.batch = b.batch AND f.state IN ('done', 'failed', 'cancelled')
+            GROUP BY f.queue, f.batch, f.state ORDER BY f.queue, f.state;
+            CONTINUE;
+        END IF;
+        PERFORM 1 FROM files.batches x
+        WHERE x.batch = b.batch AND x.finished_at IS NOT NULL AND x.keep IS NOT NULL AND x.finished_at < now() - x.keep
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        FOR s IN
+            WITH gone AS (
+                DELETE FROM files.files f
+                WHERE f.id IN (SELECT y.id FROM files.batches x
+                               JOIN files.files y ON y.id BETWEEN x.first_id AND x.last_id AND y.batch = x.batch
+                               WHERE x.batch = b.batch AND y.state IN ('done', 'failed', 'cancelled')
+                               ORDER BY y.id LIMIT v_left
+                               FOR UPDATE OF y SKIP LOCKED)
+                RETURNING f.queue, f.state
+            )
+            SELECT g.queue, g.state, count(*) AS n FROM gone g GROUP BY g.queue, g.state ORDER BY g.queue, g.state
+        LOOP
+            v_left := v_left - s.n;
+            RETURN QUERY SELECT s.queue, b.batch, s.state, s.n;
+        END LOOP;
+        -- The delete trigger counted the rows out: an empty batch goes.
+        WITH emptied AS (
+            DELETE FROM files.batches x WHERE x.batch = b.batch AND x.total = 0 RETURNING x.batch
+        )
+        DELETE FROM files.batch_counts c USING emptied e WHERE c.batch = e.batch;
+    END LOOP;
+
+    -- Worker slots stopped or declared dead long ago (their attempts stay).
+    IF prune.keep_workers IS NOT NULL THEN
+        FOR s IN
+            WITH old AS (
+                SELECT w.worker_id FROM files.workers w
+                WHERE w.state IN ('stopped', 'dead') AND w.stopped_at < now() - prune.keep_workers
+                  AND NOT EXISTS (SELECT 1 FROM files.files f WHERE f.worker_id = w.worker_id AND f.state = 'running')
+                ORDER BY w.stopped_at
+                LIMIT CASE WHEN prune.dry_run THEN NULL ELSE greatest(v_left, 0) END
+                FOR UPDATE SKIP LOCKED
+            ), gone AS (
+                DELETE FROM files.workers w USING old o
+                WHERE w.worker_id = o.worker_id AND NOT prune.dry_run
+                RETURNING w.state
+            )
+            SELECT x.state, count(*) AS n
+            FROM (SELECT w.state FROM files.workers w JOIN old o USING (worker_id) WHERE prune.dry_run
+                  UNION ALL SELECT g.state FROM gone g) x
+            GROUP BY x.state ORDER BY x.state
+        LOOP
+            RETURN QUERY SELECT NULL::text, NULL::text, s.state, s.n;
+        END LOOP;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION files.prune(integer, boolean, boolean, interval) IS
+    'Deletes finished rows past their retention: rows without a batch by their queue''s keep_done (done, cancelled) and '
+    'keep_failed (failed), a finished batch''s rows and then the batch by its keep, and worker slots stopped or dead '
+    'longer than keep_workers. Never a pending or running row, nor a row of a batch that is not finished; a row''s '
+    'attempts go with it. At most max_rows rows (and slots) per call, oldest first, skipping rows another transaction '
+    'holds; call it again while it deletes that many. One pruner at a time: another call returns nothing at once '
+    '(or waits, with wait). dry_run counts what would go, without limit, and deletes nothing. Returns one line per '
+    'queue, batch and state deleted; lines with queue NULL count worker slots by state.';
+
+CREATE FUNCTION files.keep_queue(queue text, keep_done interval, keep_failed interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF keep_queue.queue IS NULL OR keep_queue.queue = '' THEN
+        RAISE EXCEPTION 'files.keep_queue: queue must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO files.queues AS x (queue, keep_done, keep_failed)
+    VALUES (keep_queue.queue, keep_queue.keep_done, keep_queue.keep_failed)
+    ON CONFLICT ON CONSTRAINT queues_pkey DO UPDATE SET keep_done = EXCLUDED.keep_done, keep_failed = EXCLUDED.keep_failed;
+END
+$$;
+COMMENT ON FUNCTION files.keep_queue(text, interval, interval) IS
+    'Sets how long the finished rows of a queue (without a batch) are kept: done and cancelled rows keep_done, failed '
+    'rows keep_failed, after they finished; NULL keeps them for good. Creates the queue if it is new.';
+
+CREATE FUNCTION files.keep_batch(batch text, keep interval)
+RETURNS files.batches
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r files.batches;
+BEGIN
+    UPDATE files.batches x SET keep = keep_batch.keep WHERE x.batch = keep_batch.batch RETURNING x.* INTO r;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'files.keep_batch: no batch %', quote_literal(keep_batch.batch)
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN r;
+END
+$$;
+COMMENT ON FUNCTION files.keep_batch(text, interval) IS
+    'Sets how long a batch and its rows are kept after it finished (NULL: until this is set again); 0 lets the next '
+    'files.prune delete them once the batch has finished. Returns the batch.';
+
+CREATE FUNCTION files.recount()
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Rows stand still while they are counted: claims and outcomes wait.
+    LOCK TABLE files.files IN SHARE MODE;
+    DELETE FROM files.queue_counts;
+    INSERT INTO files.queue_counts (queue, at, folded, rows, done, failed, cancelled)
+    SELECT f.queue, '-infinity', true, count(*), count(*) FILTER (WHERE f.state = 'done'),
+           count(*) FILTER (WHERE f.state = 'failed'), count(*) FILTER (WHERE f.state = 'cancelled')
+    FROM files.files f
+    GROUP BY f.queue;
+END
+$$;
+COMMENT ON FUNCTION files.recount() IS
+    'Counts the rows of every queue again from files.files (a read of the whole table, with writes to it waiting '
+    'meanwhile), for when rows were changed other than through the SQL API. The rates of the last hour start from zero.';
+
+REVOKE ALL ON FUNCTION files.prune(integer, boolean, boolean, interval), files.keep_queue(text, interval, interval),
+    files.keep_batch(text, interval), files.recount() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION files.prune(integer, boolean, boolean, interval) TO pgworker_worker;
+GRANT EXECUTE ON FUNCTION files.keep_queue(text, interval, interval), files.keep_batch(text, interval), files.recount()
+    TO pgworker_admin;
 
