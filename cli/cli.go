@@ -83,6 +83,8 @@ func New(cfg *Config) *CLI {
 		{cancelCommand, c.cancel},
 		{pauseCommand, c.pause},
 		{resumeCommand, c.resume},
+		{pruneCommand, c.prune},
+		{retentionCommand, c.retention},
 		{dashboardCommand, c.dashboard},
 		{versionCommand, c.version},
 		{benchCommand, c.bench},

@@ -91,6 +91,9 @@ type RunConfig struct {
 	LeaseTimeout time.Duration // > Heartbeat
 	DrainTimeout time.Duration // after the first signal
 	KillGrace    time.Duration // SIGTERM to SIGKILL
+	// PruneInterval is how often the worker runs files.prune; negative for
+	// never.
+	PruneInterval time.Duration
 
 	// MetricsAddr is the host:port to serve metrics on; "" for none.
 	MetricsAddr string
@@ -152,6 +155,7 @@ type runFlags struct {
 	runAs, then                                               string
 	rowLogLines, rowLogBytes                                  int
 	timeout, heartbeat, leaseTimeout, drainTimeout, killGrace time.Duration
+	pruneInterval                                             time.Duration
 	maxOutputFiles                                            int
 	maxOutputBytes                                            sizeFlag
 }
@@ -173,6 +177,8 @@ func (f *runFlags) add(fs *flagSet) {
 	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
 	fs.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between SIGTERM and SIGKILL when a program is stopped")
 	fs.env("kill-grace", "PGWORKER_KILL_GRACE")
+	fs.DurationVar(&f.pruneInterval, "prune-interval", time.Minute, "how often to delete finished rows past their retention (files.prune; one node at a time); 0 for never")
+	fs.env("prune-interval", "PGWORKER_PRUNE_INTERVAL")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve metrics on this `HOST:PORT` (default: off)")
 	fs.env("metrics-addr", "PGWORKER_METRICS_ADDR")
 	defaultWorkDir, _ := pipeline.DefaultWorkDir()
@@ -226,7 +232,8 @@ func (f *runFlags) check(fs *flagSet) (*RunConfig, error) {
 	}
 	cfg := &RunConfig{
 		Exec: f.exec, Queues: f.queues, Then: f.then, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
-		DrainTimeout: f.drainTimeout, KillGrace: f.killGrace, MetricsAddr: f.metricsAddr, WorkDir: f.workDir,
+		DrainTimeout: f.drainTimeout, KillGrace: f.killGrace, PruneInterval: pruneEvery(f.pruneInterval),
+		MetricsAddr: f.metricsAddr, WorkDir: f.workDir,
 		MaxOutputFiles: noBound(f.maxOutputFiles), MaxOutputBytes: noBound(int64(f.maxOutputBytes)),
 		InputStore: f.inputStore, OutputStore: f.outputStore, ListenURL: f.listenURL, Version: version(),
 	}
@@ -443,4 +450,13 @@ func noBound[T int | int64](n T) T {
 		return -1
 	}
 	return n
+}
+
+// pruneEvery maps --prune-interval to worker.Config.PruneInterval, where 0
+// is the default and a negative value is never.
+func pruneEvery(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

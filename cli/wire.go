@@ -55,6 +55,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		MaxSlots:          cfg.SlotsMax,
 		HeartbeatInterval: cfg.Heartbeat,
 		LeaseTimeout:      cfg.LeaseTimeout,
+		PruneInterval:     cfg.PruneInterval,
 		ListenURL:         cfg.ListenURL,
 		Version:           cfg.Version,
 		Observer:          observer,

@@ -194,6 +194,7 @@ func (m *Metrics) stats() (s worker.Stats, listening bool) {
 		s.Heartbeats += x.Heartbeats
 		s.HeartbeatErrors += x.HeartbeatErrors
 		s.Reaped += x.Reaped
+		s.Pruned += x.Pruned
 		s.ListenerReconnects += x.ListenerReconnects
 		s.BusySlots += x.BusySlots
 		s.IdleSlots += x.IdleSlots
@@ -223,6 +224,7 @@ var (
 	descHeartbeats       = desc("heartbeats_total", "Heartbeat statements that succeeded.")
 	descHeartbeatErrors  = desc("heartbeat_errors_total", "Heartbeat statements that failed.")
 	descReaped           = desc("reaped_rows_total", "Rows of silent workers that this process's files.reap returned to the queue.")
+	descPruned           = desc("pruned_rows_total", "Finished rows past their retention that this process's files.prune deleted.")
 	descListenerUp       = desc("listener_up", "1 while the LISTEN connection is up.")
 	descListenReconnects = desc("listener_reconnects_total", "Times the LISTEN connection was re-established.")
 	descPoolConns        = desc("db_pool_connections", "Connections of the process's pool, by state.", "state")
@@ -231,7 +233,7 @@ var (
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSlots, descSlotsBusy, descSlotsIdle, descClaims, descRacesLost, descSerialization,
-		descClaimErrors, descSafetyWakes, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped,
+		descClaimErrors, descSafetyWakes, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
 		descListenerUp, descListenReconnects, descPoolConns, descPoolMax} {
 		ch <- d
 	}
@@ -258,6 +260,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descHeartbeats, s.Heartbeats)
 	counter(descHeartbeatErrors, s.HeartbeatErrors)
 	counter(descReaped, s.Reaped)
+	counter(descPruned, s.Pruned)
 	gauge(descListenerUp, boolFloat(listening))
 	counter(descListenReconnects, s.ListenerReconnects)
 	if c.m.pool != nil {

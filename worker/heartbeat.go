@@ -261,3 +261,39 @@ func (w *Worker) reapLoop(ctx context.Context) {
 		}
 	}
 }
+
+// pruneLoop runs files.prune every prune interval, with jitter, and again
+// at once while a call deletes as many rows as it may: each call is a short
+// transaction of its own, so a large backlog of old rows goes in steps that
+// never hold many locks. Another node's prune in progress makes a call
+// return nothing; this one then waits for its next turn.
+func (w *Worker) pruneLoop(ctx context.Context) {
+	for {
+		d := w.pruneEvery*4/5 + rand.N(w.pruneEvery*2/5+1)
+		if !retry.Sleep(ctx, d) {
+			return
+		}
+		var total int64
+		for {
+			qctx, cancel := context.WithTimeout(ctx, w.lease)
+			var n int64
+			err := w.pool.QueryRow(qctx, sqlPrune, w.pruneRows).Scan(&n)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				w.logger.Debug("worker: prune failed", "error", err)
+				break
+			}
+			total += n
+			w.pruned.Add(uint64(n))
+			if n < int64(w.pruneRows) {
+				break
+			}
+		}
+		if total > 0 {
+			w.logger.Info("worker: deleted finished rows past their retention", "rows", total)
+		}
+	}
+}

@@ -68,6 +68,7 @@ const (
 	sqlDrain       = `SELECT files.drain_worker($1, VARIADIC $2::text[])`
 	sqlHeartbeat   = `SELECT worker_id, file_id, attempt FROM files.heartbeat($1, VARIADIC $2::text[])`
 	sqlReap        = `SELECT files.reap()`
+	sqlPrune       = `SELECT coalesce(sum(rows) FILTER (WHERE queue IS NOT NULL), 0)::bigint FROM files.prune($1)`
 	sqlRelease     = `SELECT files.release($1::bigint, $2, $3::integer, $4, $5)`
 	sqlComplete    = `SELECT * FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::jsonb[], $6::jsonb[], $7::text)`
 	sqlCompleteOne = `SELECT files.complete($1::bigint, $2, $3::integer, $4, $5::jsonb, $6::jsonb, $7::text)`
@@ -125,6 +126,16 @@ type Config struct {
 	// ReapInterval is how often this process runs files.reap (every node does;
 	// the SQL makes it safe). Negative disables it. Defaults to LeaseTimeout.
 	ReapInterval time.Duration
+
+	// PruneInterval is how often this process runs files.prune, which
+	// deletes finished rows past their retention in calls of PruneRows rows
+	// (every node does; one prunes at a time). Negative disables it.
+	// Defaults to 1m.
+	PruneInterval time.Duration
+
+	// PruneRows bounds the rows one call of files.prune deletes, in one
+	// transaction. Defaults to 1000.
+	PruneRows int
 
 	// SafetyNet is the longest an idle process waits without a notification
 	// before it looks for work anyway. Defaults to 30s.
@@ -199,6 +210,7 @@ type Stats struct {
 	Heartbeats            uint64
 	HeartbeatErrors       uint64
 	Reaped                uint64 // rows this process's reaps returned to the queue
+	Pruned                uint64 // finished rows this process's prunes deleted
 	ListenerReconnects    uint64
 	Listening             bool // the LISTEN connection is up
 	BusySlots             int
@@ -221,6 +233,8 @@ type Worker struct {
 	timeout     time.Duration
 	lease       time.Duration
 	reapEvery   time.Duration
+	pruneEvery  time.Duration
+	pruneRows   int
 	safetyNet   time.Duration
 	listenURL   string
 	node        string
@@ -263,7 +277,7 @@ type Worker struct {
 	releases  map[int64]int       // rows released by Release, in a row
 	waiting   map[int64]*task     // the latest attempt of a row whose events are held, by row
 
-	done, failed, released, lost, cancelled, leaseLosses, reaped atomic.Uint64
+	done, failed, released, lost, cancelled, leaseLosses, reaped, pruned atomic.Uint64
 }
 
 // task is a row being worked on.
@@ -313,6 +327,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		timeout:     max(cfg.Timeout, 0),
 		lease:       lease,
 		reapEvery:   cfg.ReapInterval,
+		pruneEvery:  cfg.PruneInterval,
+		pruneRows:   cfg.PruneRows,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		listener:    cfg.Listener,
 		listenURL:   cfg.ListenURL,
@@ -336,6 +352,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	}
 	if w.reapEvery == 0 {
 		w.reapEvery = w.lease
+	}
+	if w.pruneEvery == 0 {
+		w.pruneEvery = time.Minute
+	}
+	if w.pruneRows <= 0 {
+		w.pruneRows = 1000
 	}
 	if w.node == "" {
 		w.node = hostname()
@@ -453,6 +475,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.goLoop(w.hb.run)
 	if w.reapEvery > 0 {
 		w.goLoop(w.reapLoop)
+	}
+	if w.pruneEvery > 0 {
+		w.goLoop(w.pruneLoop)
 	}
 	w.goLoop(w.rec.run)
 	go func() {
@@ -623,6 +648,7 @@ func (w *Worker) Stats() Stats {
 		Heartbeats:      w.hb.beats.Load(),
 		HeartbeatErrors: w.hb.errors.Load(),
 		Reaped:          w.reaped.Load(),
+		Pruned:          w.pruned.Load(),
 		BusySlots:       busy,
 		Slots:           slots,
 		IdleSlots:       max(slots-busy, 0),

@@ -25,10 +25,40 @@ func Duration(d time.Duration) string {
 		}
 		return text
 	case d < 48*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+		text := strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+		if strings.HasSuffix(text, "h0m") {
+			text = strings.TrimSuffix(text, "0m")
+		}
+		return text
 	}
 	days := int(d / (24 * time.Hour))
-	return fmt.Sprintf("%dd%dh", days, int((d-time.Duration(days)*24*time.Hour)/time.Hour))
+	hours := int((d - time.Duration(days)*24*time.Hour) / time.Hour)
+	if hours == 0 {
+		return fmt.Sprintf("%dd", days)
+	}
+	return fmt.Sprintf("%dd%dh", days, hours)
+}
+
+// ParseDuration reads a duration as time.ParseDuration does, and also with
+// whole days in front: 7d, 30d, 1d12h.
+func ParseDuration(s string) (time.Duration, error) {
+	days, rest, ok := strings.Cut(s, "d")
+	if !ok {
+		return time.ParseDuration(s)
+	}
+	n, err := strconv.ParseUint(days, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("duration %q: the days must be a whole number, as in 7d or 1d12h", s)
+	}
+	d := time.Duration(n) * 24 * time.Hour
+	if rest != "" {
+		more, err := time.ParseDuration(rest)
+		if err != nil || more < 0 {
+			return 0, fmt.Errorf("duration %q: after the days, a duration such as 12h", s)
+		}
+		d += more
+	}
+	return d, nil
 }
 
 // Int shows n with thousands separators: 1,234,567.

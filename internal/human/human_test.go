@@ -17,9 +17,32 @@ func TestDuration(t *testing.T) {
 		{5 * time.Minute, "5m"},
 		{2*time.Hour + 5*time.Minute + 10*time.Second, "2h5m"},
 		{76 * time.Hour, "3d4h"},
+		{7 * 24 * time.Hour, "7d"},
+		{36 * time.Hour, "36h"},
 	} {
 		if got := Duration(tt.d); got != tt.want {
 			t.Errorf("Duration(%v) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"90s": 90 * time.Second, "36h": 36 * time.Hour, "7d": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour, "0d": 0,
+	} {
+		if got, err := ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "d", "xd", "-1d", "7d-1h", "7days", "1.5d", "soon"} {
+		if got, err := ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q) = %v, want an error", in, got)
+		}
+	}
+	// Round trip of what Duration writes for whole days and hours.
+	for _, d := range []time.Duration{7 * 24 * time.Hour, 76 * time.Hour} {
+		if got, err := ParseDuration(Duration(d)); err != nil || got != d {
+			t.Errorf("ParseDuration(Duration(%v)) = %v, %v", d, got, err)
 		}
 	}
 }
