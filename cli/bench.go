@@ -34,6 +34,8 @@ setup (--json: one JSON object on one line).
   enqueue      rows/s through pgworker enqueue's COPY path
   batches      files.batch_progress and the export of a batch (pgworker
                results) at millions of rows
+  views        every operator view and function (status, scale-hint, the
+               metrics endpoint, the dashboard) on a long history
   pipeline     rows/s of download, program, upload through MinIO or S3,
                beside the same steps in a loop with no queue at all
 
@@ -131,6 +133,18 @@ Results, as pgworker results reads it. JSON: all_batches and one_batch
 peak resident memory after the export).`,
 		examples: "pgworker bench batches --rows 10000000\npgworker bench batches --rows 200000 --export-rows 100000 --json",
 	},
+	"views": {
+		name: "bench views", args: "[--rows N] [--attempts N] [--slots N] [--queries N] [--json] [flags]",
+		help: `
+Fills files.files with --rows rows (85% done, 5% failed, 10% pending; one in
+a hundred in a batch), --slots live slots each holding a row and as many
+stopped ones, and --attempts attempts, all inserted by the server (not
+timed); then times --queries reads of each operator view and function
+(files.queue_summary, queue_stats, active_workers, worker_metrics,
+batch_progress, scaling_hint, backlog) and of pgworker status's snapshot.
+JSON: queries (name, p50_ms, p99_ms, ...), seed_s.`,
+		examples: "pgworker bench views\npgworker bench views --rows 1000000 --attempts 1000000 --slots 200 --json",
+	},
 	"pipeline": {
 		name: "bench pipeline", args: "--input-store URL --output-store URL [--rows N] [--slots N] [--json] [flags]",
 		help: `
@@ -155,7 +169,7 @@ redirection.`,
 }
 
 // benchModeOrder lists the modes for messages.
-const benchModeOrder = "throughput, latency, claim-depth, herd, enqueue, batches or pipeline"
+const benchModeOrder = "throughput, latency, claim-depth, herd, enqueue, batches, views or pipeline"
 
 func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
@@ -221,7 +235,7 @@ type benchFlags struct {
 	timeout time.Duration
 
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
-	batches, exportRows                                               int
+	batches, exportRows, attempts                                     int
 	rate, present                                                     float64
 	noKey                                                             bool
 	depths, execCmd, inputStore, outputStore                          string
@@ -260,6 +274,11 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.batches, "batches", 10, "`N` batches the rows are spread over")
 		fs.IntVar(&f.exportRows, "export-rows", 1_000_000, "`N` rows of the batch that is exported")
 		fs.IntVar(&f.claims, "queries", 50, "`N` timed reads of each kind")
+	case "views":
+		fs.IntVar(&f.rows, "rows", 10_000_000, "`N` rows in the table")
+		fs.IntVar(&f.attempts, "attempts", 10_000_000, "`N` attempts in the history")
+		fs.IntVar(&f.slots, "slots", 2000, "`N` live slots, each holding a row (and as many stopped)")
+		fs.IntVar(&f.claims, "queries", 20, "`N` timed reads of each")
 	case "pipeline":
 		fs.IntVar(&f.rows, "rows", 2000, "`N` rows, one input object each")
 		fs.IntVar(&f.slots, "slots", 8, "`N` slots of the worker, and goroutines of the loop without a queue")
@@ -280,7 +299,8 @@ func (f *benchFlags) check(fs *flagSet) error {
 		v, high int
 	}{{"rows", f.rows, 100_000_000}, {"slots", f.slots, 10_000}, {"max-conns", f.maxConns, 1000}, {"claims", f.claims, 1_000_000},
 		{"processes", f.processes, 500}, {"chunk-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000},
-		{"batches", f.batches, 10_000}, {"export-rows", f.exportRows, 100_000_000}, {"queries", f.claims, 1_000_000}} {
+		{"batches", f.batches, 10_000}, {"export-rows", f.exportRows, 100_000_000}, {"queries", f.claims, 1_000_000},
+		{"attempts", f.attempts, 100_000_000}} {
 		if fs.Lookup(fl.name) != nil && (fl.v < 1 || fl.v > fl.high) {
 			return usagef("--%s must be between 1 and %d", fl.name, fl.high)
 		}
@@ -335,6 +355,8 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 			Load: c.enqueueLoader(inv.env, &inv.db, &inv.logs)})
 	case "batches":
 		return b.Batches(ctx, &bench.BatchesConfig{Rows: f.rows, Batches: f.batches, Queries: f.claims, ExportRows: f.exportRows})
+	case "views":
+		return b.Views(ctx, &bench.ViewsConfig{Rows: f.rows, Attempts: f.attempts, Slots: f.slots, Queries: f.claims})
 	case "pipeline":
 		return benchPipeline(ctx, b, inv.logger(), &bench.PipelineConfig{Rows: f.rows, Slots: f.slots, ObjectSize: f.size, Rounds: f.rounds, Exec: f.execCmd},
 			f.inputStore, f.outputStore)
@@ -435,6 +457,13 @@ func benchText(res any) string {
 		return fmt.Sprintf("batches: %d rows in %d batches: files.batch_progress whole p50 %.2f ms (p99 %.2f), one batch p50 %.2f ms (p99 %.2f); "+
 			"export of %d rows %.0f rows/s, peak RSS %.1f MiB", r.Rows, r.Batches, r.AllBatches.P50MS, r.AllBatches.P99MS,
 			r.OneBatch.P50MS, r.OneBatch.P99MS, r.ExportRows, r.ExportRowsPerSec, r.PeakRSSMiB)
+	case *bench.ViewsResult:
+		var b strings.Builder
+		fmt.Fprintf(&b, "views: %d rows, %d attempts, %d live slots (seeded in %.0f s):", r.Rows, r.Attempts, r.Slots, r.SeedS)
+		for _, q := range r.Queries {
+			fmt.Fprintf(&b, "\n  %-22s p50 %8.2f ms  p99 %8.2f ms", q.Name, q.P50MS, q.P99MS)
+		}
+		return b.String()
 	case *bench.PipelineResult:
 		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: overhead %.1f%%",
 			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct)

@@ -43,8 +43,8 @@ func BenchmarkPages(b *testing.B) {
 		n := after.Refreshes - before.Refreshes
 		b.ReportMetric(float64((after.RefreshTime-before.RefreshTime).Microseconds())/1000/float64(n), "ms/refresh")
 	})
-	// What a refresh between two reads of files.queue_stats costs: the
-	// one a notification or the clock starts while somebody watches.
+	// What a refresh costs that a notification or the clock starts while
+	// somebody watches (the failure groups and the chart are not read).
 	b.Run("live-refresh", func(b *testing.B) {
 		st := s.openEvents("overview")
 		last := st.await(b, "the first snapshot", func(sseEvent) bool { return true }).Gen

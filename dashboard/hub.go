@@ -30,7 +30,6 @@ type snapshot struct {
 	chart    chartData
 	slowAt   time.Time // when groups and chart were read
 	slowRead bool      // groups and chart were read at least once
-	stats    stats     // the last read of files.queue_stats
 
 	mu    sync.Mutex
 	frags map[string]*frag // rendered live parts by page
@@ -171,41 +170,32 @@ func (h *hub) run(ctx context.Context) {
 		default:
 		}
 		last = time.Now()
-		statsTook := h.refresh(ctx)
+		h.refresh(ctx)
 		took = time.Since(last)
 		h.refreshNanos.Add(int64(took))
-		took -= statsTook // paced on its own, by refresh
 	}
 }
 
 // refresh reads a snapshot in one read-only transaction and publishes it;
-// on failure it publishes the previous data with the error. It returns how
-// long its read of files.queue_stats took, if it made one.
-func (h *hub) refresh(ctx context.Context) (statsTook time.Duration) {
+// on failure it publishes the previous data with the error.
+func (h *hub) refresh(ctx context.Context) {
 	prev, _ := h.current()
 	now := time.Now()
 	forced := h.slow.Swap(false)
 	slow := forced || !prev.slowRead || now.Sub(prev.slowAt) >= h.d.cfg.SlowInterval
-	// files.queue_stats counts the whole table: on a large one it is read
-	// at most every three times as long as it took, and the counts move in
-	// between by what the partial indexes and the newest attempts say.
-	full := forced || !prev.stats.read || now.Sub(prev.stats.at) >= max(h.d.cfg.Interval, 3*prev.stats.took)
-	s := &snapshot{gen: prev.gen + 1, tried: now, stats: prev.stats}
+	s := &snapshot{gen: prev.gen + 1, tried: now}
 	qctx, cancel := context.WithTimeout(ctx, h.d.cfg.QueryTimeout)
 	defer cancel()
 	h.refreshes.Add(1)
 	err := pgx.BeginTxFunc(qctx, h.d.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
-		func(tx pgx.Tx) error { return h.read(qctx, tx, s, full, slow) })
+		func(tx pgx.Tx) error { return h.read(qctx, tx, s, slow) })
 	if ctx.Err() != nil {
-		return 0
-	}
-	if full && err == nil {
-		statsTook = s.stats.took
+		return
 	}
 	if err != nil {
 		*s = snapshot{gen: s.gen, tried: now, err: err, errSince: prev.errSince, at: prev.at, loaded: prev.loaded,
 			queues: prev.queues, batches: prev.batches, nodes: prev.nodes, groups: prev.groups, chart: prev.chart,
-			slowAt: prev.slowAt, slowRead: prev.slowRead, stats: prev.stats}
+			slowAt: prev.slowAt, slowRead: prev.slowRead}
 		if prev.err == nil {
 			s.errSince = now
 			h.d.logger.Warn("dashboard: cannot read the database; showing the last data until it answers", "error", err)
@@ -220,25 +210,17 @@ func (h *hub) refresh(ctx context.Context) (statsTook time.Duration) {
 		}
 	}
 	h.publish(s)
-	return statsTook
 }
 
-func (h *hub) read(ctx context.Context, tx pgx.Tx, s *snapshot, full, slow bool) error {
+// read reads what every refresh shows: the queues (files.queue_stats,
+// from the counts the SQL API keeps), the batches and the slots; and, when
+// slow, the failure groups and the chart. Each statement is bounded.
+func (h *hub) read(ctx context.Context, tx pgx.Tx, s *snapshot, slow bool) error {
 	var err error
-	if full {
-		start := time.Now()
-		h.queries.Add(2)
-		if s.stats.base, s.stats.mark, err = readStats(ctx, tx); err != nil {
-			return err
-		}
-		s.stats.at, s.stats.took, s.stats.read = start, time.Since(start), true
-	}
-	h.queries.Add(2)
-	live, err := readLiveCounts(ctx, tx, s.stats.mark)
-	if err != nil {
+	h.queries.Add(1)
+	if s.queues, err = readQueues(ctx, tx); err != nil {
 		return err
 	}
-	s.queues = live.apply(s.stats.base)
 	h.queries.Add(1)
 	if s.batches, err = readBatches(ctx, tx); err != nil {
 		return err

@@ -1,8 +1,9 @@
 package dashboard
 
 // The statements the dashboard sends. Each is bounded: it reads a view of
-// the SQL API, an index, or a LIMIT of rows, and never counts more of
-// files.files than files.queue_stats does.
+// the SQL API (files.queue_stats and files.batch_progress read the counts
+// the SQL API keeps), an index, or a LIMIT of rows, and never counts over
+// files.files.
 const (
 	// One line per queue and state (files.queue_stats), with when the
 	// queue was paused.
@@ -12,26 +13,6 @@ SELECT s.queue, s.paused, q.paused_at, s.state, s.files, s.scheduled, s.oldest_p
 FROM files.queue_stats s
 JOIN files.queues q ON q.queue = s.queue
 ORDER BY s.queue`
-
-	// The newest attempt: what a later sqlDoneSince counts from.
-	sqlAttemptMark = `SELECT coalesce(max(a.id), 0) FROM files.attempts a`
-
-	// Pending and running rows per queue, through the partial indexes
-	// files_claim_idx and files_running_idx: the cost follows the backlog
-	// and the slots, not the table's history.
-	sqlBacklog = `
-SELECT f.queue, 'pending' AS state, count(*) FROM files.files f WHERE f.state = 'pending' GROUP BY f.queue
-UNION ALL
-SELECT f.queue, 'running', count(*) FROM files.files f WHERE f.state = 'running' GROUP BY f.queue`
-
-	// Attempts ended done since the attempt $1, per queue: one range of
-	// the primary key of files.attempts.
-	sqlDoneSince = `
-SELECT f.queue, count(*)
-FROM files.attempts a
-JOIN files.files f ON f.id = a.file_id
-WHERE a.id > $1 AND a.outcome = 'done'
-GROUP BY f.queue`
 
 	// The open batches and the newest finished ones (files.batch_progress
 	// reads the counts the SQL API keeps, not files.files); at most $1.

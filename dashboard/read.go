@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"context"
-	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -178,99 +177,6 @@ func readQueues(ctx context.Context, tx pgx.Tx) ([]queueView, error) {
 	return out, rows.Err()
 }
 
-// stats is a read of files.queue_stats and where files.attempts stood then.
-type stats struct {
-	base []queueView
-	mark int64 // the newest attempt's id
-	at   time.Time
-	took time.Duration
-	read bool
-}
-
-func readStats(ctx context.Context, tx pgx.Tx) ([]queueView, int64, error) {
-	var mark int64
-	if err := tx.QueryRow(ctx, sqlAttemptMark).Scan(&mark); err != nil {
-		return nil, 0, err
-	}
-	qs, err := readQueues(ctx, tx)
-	return qs, mark, err
-}
-
-// liveCounts are what moved since the last read of files.queue_stats.
-type liveCounts struct {
-	pending, running map[string]int64
-	doneSince        map[string]int64
-}
-
-func readLiveCounts(ctx context.Context, tx pgx.Tx, mark int64) (*liveCounts, error) {
-	c := &liveCounts{pending: map[string]int64{}, running: map[string]int64{}, doneSince: map[string]int64{}}
-	rows, err := tx.Query(ctx, sqlBacklog)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var (
-			queue, state string
-			n            int64
-		)
-		if err := rows.Scan(&queue, &state, &n); err != nil {
-			return nil, err
-		}
-		if state == "pending" {
-			c.pending[queue] = n
-		} else {
-			c.running[queue] = n
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if rows, err = tx.Query(ctx, sqlDoneSince, mark); err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var (
-			queue string
-			n     int64
-		)
-		if err := rows.Scan(&queue, &n); err != nil {
-			return nil, err
-		}
-		c.doneSince[queue] = n
-	}
-	return c, rows.Err()
-}
-
-// apply returns the queues of base with the live counts: pending and
-// running as they are now, done grown by the attempts done since. Failed
-// and cancelled rows, and rows retried after done, show at the next read
-// of files.queue_stats.
-func (c *liveCounts) apply(base []queueView) []queueView {
-	out := make([]queueView, 0, len(base))
-	seen := map[string]bool{}
-	for _, q := range base {
-		seen[q.Name] = true
-		q.Pending, q.Running = c.pending[q.Name], c.running[q.Name]
-		if q.Pending == 0 {
-			q.Scheduled, q.OldestPending = 0, nil
-		}
-		q.Done += c.doneSince[q.Name]
-		out = append(out, q)
-	}
-	var added []queueView
-	for _, m := range []map[string]int64{c.pending, c.running, c.doneSince} {
-		for name := range m {
-			if !seen[name] {
-				seen[name] = true
-				added = append(added, queueView{Name: name, Pending: c.pending[name], Running: c.running[name], Done: c.doneSince[name]})
-			}
-		}
-	}
-	sort.Slice(added, func(i, j int) bool { return added[i].Name < added[j].Name })
-	out = append(out, added...)
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
 
 func readWorkers(ctx context.Context, tx pgx.Tx) ([]nodeView, error) {
 	rows, err := tx.Query(ctx, sqlWorkers, maxWorkers, maxSourceChars)

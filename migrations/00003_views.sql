@@ -176,35 +176,41 @@ COMMENT ON COLUMN files.queue_stats.finished_last_minute IS
 COMMENT ON COLUMN files.queue_stats.finished_last_hour IS 'Rows that reached this terminal state in the last hour.';
 
 -- Over the recent history only: the attempts of the last hour among the
--- newest 100,000, one range of files.attempts' primary key (attempts are
--- written at their outcome). Its cost is bounded however long the history.
+-- newest 20,000, one range of files.attempts' primary key (attempts are
+-- written at their outcome), summed per slot before they meet files.workers.
+-- Its cost is bounded however long the history and however large the fleet.
 CREATE VIEW files.worker_metrics AS
 WITH recent AS (
-    SELECT a.worker_id, a.outcome, a.duration
+    SELECT a.worker_id COLLATE "C" AS worker_id,
+           count(*) FILTER (WHERE a.outcome IN ('done', 'failed')) AS processed,
+           count(*) FILTER (WHERE a.outcome = 'done') AS done,
+           count(*) FILTER (WHERE a.outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE a.outcome = 'lost') AS lost,
+           avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
+               FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration
     FROM files.attempts a
-    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 100000
+    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 20000
       AND a.finished_at > now() - interval '1 hour'
+    GROUP BY 1
 )
 SELECT w.worker_id,
        w.node,
        w.pid,
        w.slot,
        w.state,
-       count(a.outcome) FILTER (WHERE a.outcome IN ('done', 'failed')) AS processed,
-       count(a.outcome) FILTER (WHERE a.outcome = 'done') AS done,
-       count(a.outcome) FILTER (WHERE a.outcome = 'failed') AS failed,
-       count(a.outcome) FILTER (WHERE a.outcome = 'lost') AS lost,
-       round(count(a.outcome) FILTER (WHERE a.outcome = 'failed')::numeric
-             / nullif(count(a.outcome) FILTER (WHERE a.outcome IN ('done', 'failed')), 0), 4) AS failure_rate,
-       avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
-           FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration,
+       coalesce(r.processed, 0) AS processed,
+       coalesce(r.done, 0) AS done,
+       coalesce(r.failed, 0) AS failed,
+       coalesce(r.lost, 0) AS lost,
+       round(r.failed::numeric / nullif(r.processed, 0), 4) AS failure_rate,
+       r.mean_duration,
+       r.p95_duration,
        w.last_heartbeat_at AS last_seen
 FROM files.workers w
-LEFT JOIN recent a ON a.worker_id = w.worker_id
-GROUP BY w.worker_id;
+LEFT JOIN recent r ON r.worker_id = w.worker_id COLLATE "C";
 COMMENT ON VIEW files.worker_metrics IS
-    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 100,000): attempts carried to an '
+    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 20,000): attempts carried to an '
     'outcome (processed = done + failed), lost attempts, failure rate, mean and p95 processing time, last seen.';
 COMMENT ON COLUMN files.worker_metrics.worker_id IS 'Slot identity.';
 COMMENT ON COLUMN files.worker_metrics.node IS 'Host name of the worker node.';

@@ -29,7 +29,8 @@ COMMENT ON COLUMN files.scaling_settings.max_nodes IS 'The hint never asks for m
 COMMENT ON COLUMN files.scaling_settings.slots_per_node IS
     'Slots of one node. NULL: measured from the live workers (active slots per process), else taken from the most recently started process, else 1.';
 COMMENT ON COLUMN files.scaling_settings.sample_window IS
-    'Attempts that ended (done or failed) within this window, among the newest 50 per live slot of the fleet, give the mean attempt time.';
+    'Attempts that ended (done or failed) within this window, among the newest 50 per live slot of the fleet (at most '
+    '10,000), give the mean attempt time.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.scaling_hint(target_drain interval DEFAULT NULL, min_nodes integer DEFAULT NULL, max_nodes integer DEFAULT NULL)
@@ -86,8 +87,8 @@ backlog AS (
 -- Attempts carried to an outcome within the window, among the newest 50 per
 -- slot that can have recorded them. files.attempts is written at the outcome,
 -- so its primary key follows finished_at and its highest ids are the recent
--- history: one range of the primary key, bounded by the number of slots
--- however busy the fleet and however long its history. Time per attempt is
+-- history: one range of the primary key, of at most 10,000 attempts however
+-- large and busy the fleet and however long its history. Time per attempt is
 -- claim to outcome: what a slot is busy with, transfers included.
 recent AS (
     SELECT a.queue, count(*) AS attempts, sum(a.busy_s) AS busy_s
@@ -101,7 +102,7 @@ recent AS (
         SELECT (SELECT f.queue FROM files.files f WHERE f.id = x.file_id) AS queue,
                extract(epoch FROM x.finished_at - x.started_at) AS busy_s
         FROM files.attempts x
-        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - 50 * w.slots
+        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - least(50 * w.slots, 10000)
           AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
     ) a
     GROUP BY a.queue
@@ -202,7 +203,7 @@ COMMENT ON COLUMN files.scaling_hint.scheduled IS 'Of the pending rows, those wa
 COMMENT ON COLUMN files.scaling_hint.running IS 'Rows being worked on.';
 COMMENT ON COLUMN files.scaling_hint.oldest_pending_age IS 'Age of the oldest pending row.';
 COMMENT ON COLUMN files.scaling_hint.recent_attempts IS
-    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet).';
+    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet, at most 10,000).';
 COMMENT ON COLUMN files.scaling_hint.mean_attempt_time IS
     'Mean time from claim to outcome of those attempts (the fleet''s when the queue has none); NULL when nothing ended within the window.';
 COMMENT ON COLUMN files.scaling_hint.nodes IS 'Worker processes (one per node) with an active slot serving the queue.';

@@ -1858,35 +1858,41 @@ COMMENT ON COLUMN files.queue_stats.finished_last_minute IS
 COMMENT ON COLUMN files.queue_stats.finished_last_hour IS 'Rows that reached this terminal state in the last hour.';
 
 -- Over the recent history only: the attempts of the last hour among the
--- newest 100,000, one range of files.attempts' primary key (attempts are
--- written at their outcome). Its cost is bounded however long the history.
+-- newest 20,000, one range of files.attempts' primary key (attempts are
+-- written at their outcome), summed per slot before they meet files.workers.
+-- Its cost is bounded however long the history and however large the fleet.
 CREATE VIEW files.worker_metrics AS
 WITH recent AS (
-    SELECT a.worker_id, a.outcome, a.duration
+    SELECT a.worker_id COLLATE "C" AS worker_id,
+           count(*) FILTER (WHERE a.outcome IN ('done', 'failed')) AS processed,
+           count(*) FILTER (WHERE a.outcome = 'done') AS done,
+           count(*) FILTER (WHERE a.outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE a.outcome = 'lost') AS lost,
+           avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
+               FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration
     FROM files.attempts a
-    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 100000
+    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 20000
       AND a.finished_at > now() - interval '1 hour'
+    GROUP BY 1
 )
 SELECT w.worker_id,
        w.node,
        w.pid,
        w.slot,
        w.state,
-       count(a.outcome) FILTER (WHERE a.outcome IN ('done', 'failed')) AS processed,
-       count(a.outcome) FILTER (WHERE a.outcome = 'done') AS done,
-       count(a.outcome) FILTER (WHERE a.outcome = 'failed') AS failed,
-       count(a.outcome) FILTER (WHERE a.outcome = 'lost') AS lost,
-       round(count(a.outcome) FILTER (WHERE a.outcome = 'failed')::numeric
-             / nullif(count(a.outcome) FILTER (WHERE a.outcome IN ('done', 'failed')), 0), 4) AS failure_rate,
-       avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
-           FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration,
+       coalesce(r.processed, 0) AS processed,
+       coalesce(r.done, 0) AS done,
+       coalesce(r.failed, 0) AS failed,
+       coalesce(r.lost, 0) AS lost,
+       round(r.failed::numeric / nullif(r.processed, 0), 4) AS failure_rate,
+       r.mean_duration,
+       r.p95_duration,
        w.last_heartbeat_at AS last_seen
 FROM files.workers w
-LEFT JOIN recent a ON a.worker_id = w.worker_id
-GROUP BY w.worker_id;
+LEFT JOIN recent r ON r.worker_id = w.worker_id COLLATE "C";
 COMMENT ON VIEW files.worker_metrics IS
-    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 100,000): attempts carried to an '
+    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 20,000): attempts carried to an '
     'outcome (processed = done + failed), lost attempts, failure rate, mean and p95 processing time, last seen.';
 COMMENT ON COLUMN files.worker_metrics.worker_id IS 'Slot identity.';
 COMMENT ON COLUMN files.worker_metrics.node IS 'Host name of the worker node.';
@@ -2048,7 +2054,8 @@ COMMENT ON COLUMN files.scaling_settings.max_nodes IS 'The hint never asks for m
 COMMENT ON COLUMN files.scaling_settings.slots_per_node IS
     'Slots of one node. NULL: measured from the live workers (active slots per process), else taken from the most recently started process, else 1.';
 COMMENT ON COLUMN files.scaling_settings.sample_window IS
-    'Attempts that ended (done or failed) within this window, among the newest 50 per live slot of the fleet, give the mean attempt time.';
+    'Attempts that ended (done or failed) within this window, among the newest 50 per live slot of the fleet (at most '
+    '10,000), give the mean attempt time.';
 
 CREATE FUNCTION files.scaling_hint(target_drain interval DEFAULT NULL, min_nodes integer DEFAULT NULL, max_nodes integer DEFAULT NULL)
 RETURNS TABLE (
@@ -2104,8 +2111,8 @@ backlog AS (
 -- Attempts carried to an outcome within the window, among the newest 50 per
 -- slot that can have recorded them. files.attempts is written at the outcome,
 -- so its primary key follows finished_at and its highest ids are the recent
--- history: one range of the primary key, bounded by the number of slots
--- however busy the fleet and however long its history. Time per attempt is
+-- history: one range of the primary key, of at most 10,000 attempts however
+-- large and busy the fleet and however long its history. Time per attempt is
 -- claim to outcome: what a slot is busy with, transfers included.
 recent AS (
     SELECT a.queue, count(*) AS attempts, sum(a.busy_s) AS busy_s
@@ -2119,7 +2126,7 @@ recent AS (
         SELECT (SELECT f.queue FROM files.files f WHERE f.id = x.file_id) AS queue,
                extract(epoch FROM x.finished_at - x.started_at) AS busy_s
         FROM files.attempts x
-        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - 50 * w.slots
+        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - least(50 * w.slots, 10000)
           AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
     ) a
     GROUP BY a.queue
@@ -2219,7 +2226,7 @@ COMMENT ON COLUMN files.scaling_hint.scheduled IS 'Of the pending rows, those wa
 COMMENT ON COLUMN files.scaling_hint.running IS 'Rows being worked on.';
 COMMENT ON COLUMN files.scaling_hint.oldest_pending_age IS 'Age of the oldest pending row.';
 COMMENT ON COLUMN files.scaling_hint.recent_attempts IS
-    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet).';
+    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet, at most 10,000).';
 COMMENT ON COLUMN files.scaling_hint.mean_attempt_time IS
     'Mean time from claim to outcome of those attempts (the fleet''s when the queue has none); NULL when nothing ended within the window.';
 COMMENT ON COLUMN files.scaling_hint.nodes IS 'Worker processes (one per node) with an active slot serving the queue.';
