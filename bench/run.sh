@@ -70,6 +70,7 @@ pgworker bench latency --rows 500 --rate 50 --slots 100 --json
 pgworker bench claim-depth --depths "$depths" --claims 200 --json
 pgworker bench herd --processes 20 --slots 50 --rows 100 --json
 pgworker bench enqueue --rows 1000000 --json
+pgworker bench views --rows 10000000 --attempts 10000000 --slots 2000 --json
 pgworker bench pipeline --rows 4000 --rounds 8 --slots 8 --input-store s3://pgworker-bench/in --output-store s3://pgworker-bench/out --json
 
 if [ -n "$peers" ]; then

@@ -81,6 +81,7 @@ type ViewsResult struct {
 	Rows     int         `json:"rows"`
 	Attempts int         `json:"attempts"`
 	Slots    int         `json:"slots"`
+	Reads    int         `json:"reads"` // timed reads of each query
 	SeedS    float64     `json:"seed_s"`
 	Queries  []ViewQuery `json:"queries"`
 }
@@ -108,7 +109,7 @@ func (b *Bench) Views(ctx context.Context, cfg *ViewsConfig) (*ViewsResult, erro
 	c.Attempts = orDefault(c.Attempts, 10_000_000)
 	c.Slots = orDefault(c.Slots, 2000)
 	c.Queries = orDefault(c.Queries, 20)
-	res := &ViewsResult{Rows: c.Rows, Attempts: c.Attempts, Slots: c.Slots}
+	res := &ViewsResult{Rows: c.Rows, Attempts: c.Attempts, Slots: c.Slots, Reads: c.Queries}
 	err := b.run(ctx, "views", func(ctx context.Context) error {
 		defer b.pool.Exec(context.WithoutCancel(ctx), sqlDeleteViewsBatches) //nolint:errcheck // scratch batches, best effort
 		res.Setup = b.setup("views")

@@ -286,7 +286,37 @@ func (rp *report) goals() []goal {
 		gs = append(gs, rp.throughputGoal(g.slots, g.times))
 	}
 	gs = append(gs, rp.latencyGoals()...)
-	return append(gs, rp.claimDepthGoal(), rp.herdGoal(), rp.enqueueGoal(), rp.pipelineGoal())
+	return append(gs, rp.claimDepthGoal(), rp.herdGoal(), rp.enqueueGoal(), rp.pipelineGoal(), rp.viewsGoal())
+}
+
+// viewQueries reads the queries of a views run.
+func viewQueries(r result) []result {
+	qs, _ := r["queries"].([]any)
+	var out []result
+	for _, q := range qs {
+		if m, ok := q.(map[string]any); ok {
+			out = append(out, result(m))
+		}
+	}
+	return out
+}
+
+// viewsGoal: every operator read under 50 ms (p50) on the views run's
+// table.
+func (rp *report) viewsGoal() goal {
+	const target = "< 50 ms each"
+	v := rp.find("pgworker", "views", nil)
+	if v == nil {
+		return notMeasured("operator reads", target, "no views run")
+	}
+	worst, name := 0.0, ""
+	for _, q := range viewQueries(v) {
+		if ms := q.n("p50_ms"); ms > worst {
+			worst, name = ms, q.str("name")
+		}
+	}
+	return goal{fmt.Sprintf("operator reads at %s rows", short(v.n("rows"))), target,
+		fmt.Sprintf("slowest p50 %.1f ms (%s)", worst, name), verdict(worst < 50, fmt.Sprintf("%s takes %.1f ms", name, worst))}
 }
 
 func notMeasured(name, target, why string) goal {
@@ -418,6 +448,7 @@ func render(w io.Writer, rp *report) {
 	renderHerd(p, rp)
 	renderEnqueue(p, rp)
 	renderPipeline(p, rp)
+	renderViews(p, rp)
 	renderRaw(p, rp)
 }
 
@@ -629,6 +660,23 @@ func renderPipeline(p printer, rp *report) {
 	for _, r := range rs {
 		p("| %s | %s B | %g | `%s` | %s | %s | **%.1f%%** |\n", thousands(r.n("rows")), thousands(r.n("object_bytes")), r.n("slots"), r.str("exec"),
 			thousands(r.n("queued.rows_per_sec")), thousands(r.n("direct.rows_per_sec")), r.n("overhead_pct"))
+	}
+	p("\n")
+}
+
+func renderViews(p printer, rp *report) {
+	v := rp.find("pgworker", "views", nil)
+	if v == nil {
+		return
+	}
+	p("### Operator reads at scale\n\n")
+	p("What operators, `pgworker status`, `scale-hint`, the metrics endpoint and the dashboard read, each\n")
+	p("timed %s times on a table of %s rows (85%% done, 5%% failed, 10%% pending), %s attempts and\n",
+		thousands(v.n("reads")), thousands(v.n("rows")), thousands(v.n("attempts")))
+	p("%s live slots each holding a row (and as many stopped), seeded by the server in %.0f s.\n\n", thousands(v.n("slots")), v.n("seed_s"))
+	p("| read | p50 | p99 |\n| --- | ---: | ---: |\n")
+	for _, q := range viewQueries(v) {
+		p("| %s | **%.2f ms** | %.2f ms |\n", q.str("name"), q.n("p50_ms"), q.n("p99_ms"))
 	}
 	p("\n")
 }
