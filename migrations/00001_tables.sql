@@ -155,6 +155,7 @@ COMMENT ON INDEX files.workers_live_idx IS 'Live slots by last heartbeat, for fi
 CREATE TABLE files.attempts (
     id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     file_id      bigint      NOT NULL,
+    queue        text,
     attempt      integer     NOT NULL,
     worker_id    text        NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
@@ -175,6 +176,9 @@ COMMENT ON COLUMN files.attempts.id IS 'Attempt row identity.';
 COMMENT ON COLUMN files.attempts.file_id IS
     'The file (files.files.id). Written by the SQL API from the row it updates; deleting files deletes their attempts '
     '(trigger files_delete_attempts, no foreign key: its check cost a query per outcome).';
+COMMENT ON COLUMN files.attempts.queue IS
+    'Queue of the file when the attempt ended, written by the SQL API (so that a read of the recent attempts per queue '
+    'needs no lookup of each file); NULL in rows written otherwise.';
 COMMENT ON COLUMN files.attempts.attempt IS
     'Attempt number of the file (a released attempt''s number is used again).';
 COMMENT ON COLUMN files.attempts.worker_id IS 'The slot that ran the attempt.';

@@ -606,9 +606,9 @@ BEGIN
         WHERE complete.then_queue IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key)
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
-        SELECT d.id, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+        SELECT d.id, d.queue, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
                (complete.report ->> 'exit_code')::integer,
                coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                complete.report ->> 'stderr_tail'
@@ -690,9 +690,9 @@ BEGIN
         WHERE complete_many.then_queue IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key)
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
-        SELECT d.id, d.attempt, d.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+        SELECT d.id, d.queue, d.attempt, d.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
                (d.report ->> 'exit_code')::integer,
                coalesce((d.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                d.report ->> 'stderr_tail'
@@ -770,9 +770,9 @@ BEGIN
         WHERE f.id = r.id;
     END IF;
 
-    INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error,
+    INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error,
                                 exit_code, duration, output, stderr_tail)
-    VALUES (r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'failed', v_error,
+    VALUES (r.id, r.queue, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'failed', v_error,
             (fail.report ->> 'exit_code')::integer,
             coalesce((fail.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - r.claimed_at),
             fail.report -> 'output', fail.report ->> 'stderr_tail');
@@ -848,8 +848,8 @@ BEGIN
         RETURN false;
     END IF;
 
-    INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
-    VALUES (release.id, release.attempt, release.worker_id, coalesce(v_claimed, now()), now(), 'released',
+    INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+    VALUES (release.id, v_queue, release.attempt, release.worker_id, coalesce(v_claimed, now()), now(), 'released',
             coalesce(release.reason, 'released'), now() - coalesce(v_claimed, now()));
     PERFORM pg_notify('files_pending', v_queue);
     RETURN true;
@@ -1128,8 +1128,8 @@ BEGIN
         FROM expired e WHERE f.id = e.id
         RETURNING f.id, f.queue, f.state, f.last_error, f.batch, e.worker_id, e.attempt, e.claimed_at
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
-        SELECT r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'lost', r.last_error,
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+        SELECT r.id, r.queue, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'lost', r.last_error,
                now() - coalesce(r.claimed_at, now())
         FROM returned r
     )
@@ -1181,8 +1181,8 @@ BEGIN
         FROM target t WHERE f.id = t.id
         RETURNING f.id
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
-        SELECT t.id, t.attempt, t.worker_id, coalesce(t.claimed_at, now()), now(), 'cancelled', 'cancelled',
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+        SELECT t.id, t.queue, t.attempt, t.worker_id, coalesce(t.claimed_at, now()), now(), 'cancelled', 'cancelled',
                now() - coalesce(t.claimed_at, now())
         FROM target t WHERE t.state = 'running'
     )

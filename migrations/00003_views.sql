@@ -189,9 +189,8 @@ WITH recent AS (
            avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
                FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration
-    FROM files.attempts a
-    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 20000
-      AND a.finished_at > now() - interval '1 hour'
+    FROM (SELECT x.worker_id, x.outcome, x.duration, x.finished_at FROM files.attempts x ORDER BY x.id DESC LIMIT 20000) a
+    WHERE a.finished_at > now() - interval '1 hour'
     GROUP BY 1
 )
 SELECT w.worker_id,

@@ -99,11 +99,10 @@ recent AS (
            OR greatest(w.last_heartbeat_at, w.stopped_at) > now() - s.sample_window - 2 * w.lease_timeout
     ) w
     CROSS JOIN LATERAL (
-        SELECT (SELECT f.queue FROM files.files f WHERE f.id = x.file_id) AS queue,
+        SELECT coalesce(x.queue, (SELECT f.queue FROM files.files f WHERE f.id = x.file_id)) AS queue,
                extract(epoch FROM x.finished_at - x.started_at) AS busy_s
-        FROM files.attempts x
-        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - least(50 * w.slots, 10000)
-          AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
+        FROM (SELECT y.* FROM files.attempts y ORDER BY y.id DESC LIMIT least(50 * w.slots, 10000)) x
+        WHERE x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
     ) a
     GROUP BY a.queue
 ),

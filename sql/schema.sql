@@ -167,6 +167,7 @@ COMMENT ON INDEX files.workers_live_idx IS 'Live slots by last heartbeat, for fi
 CREATE TABLE files.attempts (
     id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     file_id      bigint      NOT NULL,
+    queue        text,
     attempt      integer     NOT NULL,
     worker_id    text        NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
@@ -187,6 +188,9 @@ COMMENT ON COLUMN files.attempts.id IS 'Attempt row identity.';
 COMMENT ON COLUMN files.attempts.file_id IS
     'The file (files.files.id). Written by the SQL API from the row it updates; deleting files deletes their attempts '
     '(trigger files_delete_attempts, no foreign key: its check cost a query per outcome).';
+COMMENT ON COLUMN files.attempts.queue IS
+    'Queue of the file when the attempt ended, written by the SQL API (so that a read of the recent attempts per queue '
+    'needs no lookup of each file); NULL in rows written otherwise.';
 COMMENT ON COLUMN files.attempts.attempt IS
     'Attempt number of the file (a released attempt''s number is used again).';
 COMMENT ON COLUMN files.attempts.worker_id IS 'The slot that ran the attempt.';
@@ -1022,9 +1026,9 @@ BEGIN
         WHERE complete.then_queue IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key)
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
-        SELECT d.id, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+        SELECT d.id, d.queue, complete.attempt, complete.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
                (complete.report ->> 'exit_code')::integer,
                coalesce((complete.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                complete.report ->> 'stderr_tail'
@@ -1104,9 +1108,9 @@ BEGIN
         WHERE complete_many.then_queue IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key)
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome,
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
-        SELECT d.id, d.attempt, d.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
+        SELECT d.id, d.queue, d.attempt, d.worker_id, coalesce(d.claimed_at, now()), now(), 'done',
                (d.report ->> 'exit_code')::integer,
                coalesce((d.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - d.claimed_at),
                d.report ->> 'stderr_tail'
@@ -1182,9 +1186,9 @@ BEGIN
         WHERE f.id = r.id;
     END IF;
 
-    INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error,
+    INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error,
                                 exit_code, duration, output, stderr_tail)
-    VALUES (r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'failed', v_error,
+    VALUES (r.id, r.queue, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'failed', v_error,
             (fail.report ->> 'exit_code')::integer,
             coalesce((fail.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - r.claimed_at),
             fail.report -> 'output', fail.report ->> 'stderr_tail');
@@ -1256,8 +1260,8 @@ BEGIN
         RETURN false;
     END IF;
 
-    INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
-    VALUES (release.id, release.attempt, release.worker_id, coalesce(v_claimed, now()), now(), 'released',
+    INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+    VALUES (release.id, v_queue, release.attempt, release.worker_id, coalesce(v_claimed, now()), now(), 'released',
             coalesce(release.reason, 'released'), now() - coalesce(v_claimed, now()));
     PERFORM pg_notify('files_pending', v_queue);
     RETURN true;
@@ -1520,8 +1524,8 @@ BEGIN
         FROM expired e WHERE f.id = e.id
         RETURNING f.id, f.queue, f.state, f.last_error, f.batch, e.worker_id, e.attempt, e.claimed_at
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
-        SELECT r.id, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'lost', r.last_error,
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+        SELECT r.id, r.queue, r.attempt, r.worker_id, coalesce(r.claimed_at, now()), now(), 'lost', r.last_error,
                now() - coalesce(r.claimed_at, now())
         FROM returned r
     )
@@ -1571,8 +1575,8 @@ BEGIN
         FROM target t WHERE f.id = t.id
         RETURNING f.id
     ), logged AS (
-        INSERT INTO files.attempts (file_id, attempt, worker_id, started_at, finished_at, outcome, error, duration)
-        SELECT t.id, t.attempt, t.worker_id, coalesce(t.claimed_at, now()), now(), 'cancelled', 'cancelled',
+        INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, duration)
+        SELECT t.id, t.queue, t.attempt, t.worker_id, coalesce(t.claimed_at, now()), now(), 'cancelled', 'cancelled',
                now() - coalesce(t.claimed_at, now())
         FROM target t WHERE t.state = 'running'
     )
@@ -1871,9 +1875,8 @@ WITH recent AS (
            avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
                FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration
-    FROM files.attempts a
-    WHERE a.id > (SELECT max(x.id) FROM files.attempts x) - 20000
-      AND a.finished_at > now() - interval '1 hour'
+    FROM (SELECT x.worker_id, x.outcome, x.duration, x.finished_at FROM files.attempts x ORDER BY x.id DESC LIMIT 20000) a
+    WHERE a.finished_at > now() - interval '1 hour'
     GROUP BY 1
 )
 SELECT w.worker_id,
@@ -2123,11 +2126,10 @@ recent AS (
            OR greatest(w.last_heartbeat_at, w.stopped_at) > now() - s.sample_window - 2 * w.lease_timeout
     ) w
     CROSS JOIN LATERAL (
-        SELECT (SELECT f.queue FROM files.files f WHERE f.id = x.file_id) AS queue,
+        SELECT coalesce(x.queue, (SELECT f.queue FROM files.files f WHERE f.id = x.file_id)) AS queue,
                extract(epoch FROM x.finished_at - x.started_at) AS busy_s
-        FROM files.attempts x
-        WHERE x.id > (SELECT max(y.id) FROM files.attempts y) - least(50 * w.slots, 10000)
-          AND x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
+        FROM (SELECT y.* FROM files.attempts y ORDER BY y.id DESC LIMIT least(50 * w.slots, 10000)) x
+        WHERE x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
     ) a
     GROUP BY a.queue
 ),
