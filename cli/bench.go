@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/blob"
 )
@@ -130,7 +133,7 @@ xacts_per_row, statements.`,
 		examples: "pgworker bench cpu --rate 200 --duration 10s\npgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json",
 	},
 	"herd": {
-		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--json] [flags]",
+		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--pool-url URL] [--idle D] [--json] [flags]",
 		help: `
 Starts --processes worker runtimes in this process, each with its own pool and
 LISTEN connection as separate processes would have, and --slots idle slots
@@ -139,7 +142,15 @@ picked up and --interval passed, and counts the claim queries the server ran
 (calls of files.claim_batch and files.claim in pg_stat_user_functions, read
 once the statistics settle; they need track_functions, which a superuser's
 benchmark turns on for its own sessions). JSON: claim_queries_per_row,
-claim_queries_per_process_per_wakeup, and the runtimes' own counts.`,
+claim_queries_per_process_per_wakeup, and the runtimes' own counts.
+
+With --pool-url the runtimes' pools connect there (a transaction-pooling
+PgBouncer in front of the same database; --statement-mode applies, exec by
+default) while their LISTEN connections stay on --database-url, as pgworker
+run --listen-url sets them up. With --idle, the settled fleet is first
+watched that long with no work: transactions and SQL API calls per second,
+the claims the runtimes sent (none, for an idle fleet) and the server's CPU
+(JSON: idle). server_conns is the database's client connections meanwhile.`,
 		examples: "pgworker bench herd --processes 20 --slots 50\npgworker bench herd --processes 5 --rows 20 --json",
 	},
 	"enqueue": {
@@ -259,7 +270,7 @@ type benchFlags struct {
 	batches, exportRows, clients                                      int
 	rate, present                                                     float64
 	noKey                                                             bool
-	depths, execCmd, inputStore, outputStore                          string
+	depths, execCmd, inputStore, outputStore, poolURL                 string
 	interval, duration                                                time.Duration
 	depthList                                                         []int // parsed from depths
 }
@@ -295,6 +306,8 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.slots, "slots", 50, "`N` idle slots per runtime")
 		fs.IntVar(&f.rows, "rows", 100, "`N` rows inserted one at a time")
 		fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
+		fs.StringVar(&f.poolURL, "pool-url", "", "`URL` the runtimes' pools connect to (a PgBouncer), their listeners staying on --database-url")
+		fs.DurationVar(&f.duration, "idle", 0, "watch the idle fleet this long before the rows (0: not at all)")
 	case "enqueue":
 		fs.IntVar(&f.rows, "rows", 1_000_000, "`N` sources to enqueue")
 		fs.IntVar(&f.batchSize, "chunk-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --chunk-size")
@@ -356,8 +369,8 @@ func (f *benchFlags) check(fs *flagSet) error {
 			return usagef("--present must be at least 0 and below 1, without --no-key")
 		}
 	case "herd":
-		if f.interval < 0 {
-			return usagef("--interval must not be negative")
+		if f.interval < 0 || f.duration < 0 {
+			return usagef("--interval and --idle must not be negative")
 		}
 	case "pipeline":
 		if f.inputStore == "" || f.outputStore == "" {
@@ -386,7 +399,19 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 	case "cpu":
 		return b.CPU(ctx, &bench.CPUConfig{Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns})
 	case "herd":
-		return b.Herd(ctx, &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval})
+		cfg := &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval, Idle: f.duration}
+		if f.poolURL != "" {
+			pc, err := pgxpool.ParseConfig(f.poolURL)
+			if err != nil {
+				return nil, usagef("--pool-url %s: %s", RedactURL(f.poolURL), scrub(err.Error(), f.poolURL))
+			}
+			pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			if mode, ok := statementModes[inv.db.statementMode]; ok {
+				pc.ConnConfig.DefaultQueryExecMode = mode
+			}
+			cfg.PoolConfig = pc
+		}
+		return b.Herd(ctx, cfg)
 	case "enqueue":
 		return b.Enqueue(ctx, &bench.EnqueueConfig{Rows: f.rows, BatchSize: f.batchSize, Present: f.present, NoKey: f.noKey,
 			Load: c.enqueueLoader(inv.env, &inv.db, &inv.logs)})
@@ -504,9 +529,14 @@ func benchText(res any) string {
 		}
 		return b.String()
 	case *bench.HerdResult:
+		idle := ""
+		if i := r.IdleFleet; i != nil {
+			idle = fmt.Sprintf("; idle for %.1f s: %.1f transactions/s, %d claims, server CPU %.1f ms/s, calls/s %v",
+				i.WindowMS/1000, i.XactsPerSec, i.ClaimCalls, i.ServerCPUMSPS, i.CallsPerSec)
+		}
 		return fmt.Sprintf("herd: %d processes x %d idle slots, %d rows one at a time: %.2f claim queries per row, "+
-			"%.3f per process per wake-up (server-side; the runtimes counted %d, %d of them empty)",
-			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost)
+			"%.3f per process per wake-up (server-side; the runtimes counted %d, %d of them empty); %d server connections",
+			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost, r.ServerConns) + idle
 	case *bench.EnqueueResult:
 		return fmt.Sprintf("enqueue: %d rows in %.2f s: %.0f rows/s (batches of %d)", r.Rows, r.ElapsedMS/1000, r.RowsPerSec, r.BatchSize)
 	case *bench.BatchesResult:
