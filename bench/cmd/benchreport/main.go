@@ -228,14 +228,6 @@ func (rp *report) runs(system, mode string, slotCount float64, tuned bool) []res
 	return all
 }
 
-// river picks River's first run of mode at slotCount (see runs).
-func (rp *report) river(mode string, slotCount float64, tuned bool) result {
-	if rs := rp.runs("river", mode, slotCount, tuned); len(rs) > 0 {
-		return rs[0]
-	}
-	return nil
-}
-
 // throughputs returns the rows/s of system's burn-downs at slotCount (see
 // runs), in run order.
 func (rp *report) throughputs(system string, slotCount float64) []float64 {
