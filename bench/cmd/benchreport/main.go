@@ -766,7 +766,7 @@ func renderCPU(p printer, rp *report) {
 			}
 			p("%s's statements at %s (pg_stat_statements, first run; execution time excludes the commit's flush):\n\n", sys.name, rateName(rate))
 			p("| calls per row | exec ms per row | statement |\n| ---: | ---: | --- |\n")
-			for _, x := range st {
+			for _, x := range st[:min(len(st), 6)] {
 				m, _ := x.(map[string]any)
 				s := result(m)
 				q := strings.ReplaceAll(s.str("query"), "|", "\\|")
