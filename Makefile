@@ -9,6 +9,10 @@ UPLOT_VERSION := 1.6.32
 DASHBOARD_VENDOR := $(CURDIR)/dashboard/static/vendor
 TEST_FLAGS ?=
 WITH_SERVICES := $(GO) run ./internal/cmd/withservices --
+# make bench measures commits as production makes them (fsync on), and loads
+# pg_stat_statements for the database CPU breakdown.
+BENCH_SETTINGS ?= --setting 'fsync = on' --setting 'full_page_writes = on' \
+	--setting "shared_preload_libraries = 'pg_stat_statements'"
 
 export PATH := $(BIN):$(PATH)
 
@@ -44,7 +48,7 @@ test-faults: tools ## Run the fault suite in full (kill -9, restarts, partition,
 
 .PHONY: bench
 bench: tools ## Run every pgworker bench mode and the River peer benchmark on throwaway PostgreSQL and MinIO; write BENCHMARKS.md
-	$(GO) run ./internal/cmd/withservices --minio --bucket pgworker-bench -- ./bench/run.sh
+	$(GO) run ./internal/cmd/withservices $(BENCH_SETTINGS) --minio --bucket pgworker-bench -- ./bench/run.sh
 
 .PHONY: bench-go
 bench-go: ## Run the Go benchmarks (go test -bench)

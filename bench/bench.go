@@ -54,6 +54,8 @@ const (
 	sqlTrackFunctions = `SELECT current_setting('track_functions')`
 	sqlForceFlush     = `SELECT pg_stat_force_next_flush()`
 	sqlFunctionStats  = `SELECT funcname, calls, total_time FROM pg_stat_user_functions WHERE schemaname = 'files' AND funcname IN ('claim', 'claim_batch')`
+	sqlFunctionCalls  = `SELECT funcname, calls FROM pg_stat_user_functions WHERE schemaname = 'files'`
+	sqlClientConns    = `SELECT count(*)::int FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname = current_database()`
 )
 
 // ErrNotScratch is returned when the database holds rows of other queues or

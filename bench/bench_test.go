@@ -136,7 +136,58 @@ func TestLatency(t *testing.T) {
 	if res.FromSend.P50MS < res.P50MS || res.FromSend.MaxMS <= 0 {
 		t.Errorf("from_send %+v should not be shorter than from commit %+v", res.FromSend, res.Percentiles)
 	}
+	// Every row's pickup was traced step by step; a claim takes time, and
+	// a claim's answer comes before the handler starts.
+	if s := res.Steps; s == nil || s.Traced == 0 || s.Claim.P50MS <= 0 || s.ClaimToHandler.P50MS < 0 {
+		t.Errorf("steps %+v", res.Steps)
+	}
 	cleanedUp(t, pool)
+}
+
+func TestSkipLocked(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.SkipLocked(context.Background(), &bench.SkipLockedConfig{Rows: 1000, Clients: 3, Batch: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "skiplocked")
+	positive(t, m, "rows_per_sec", "elapsed_ms")
+	if res.Rows != 1000 || res.Clients != 3 || res.Batch != 7 {
+		t.Errorf("result %+v", res)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgworker_bench_skiplocked'"); n != 0 {
+		t.Errorf("the scratch schema is still there")
+	}
+	cleanedUp(t, pool)
+}
+
+func TestCPU(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		cfg  bench.CPUConfig
+		rows int
+	}{
+		{"rate", bench.CPUConfig{Rate: 100, Duration: 300 * time.Millisecond, Slots: 4}, 30},
+		{"peak", bench.CPUConfig{Rows: 200, Slots: 4}, 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b, pool := newBench(t, nil)
+			res, err := b.CPU(context.Background(), &c.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := shape(t, res, "cpu")
+			// A row costs the server a transaction or more, WAL and CPU.
+			positive(t, m, "rows_per_sec", "server_cpu_ms_per_row", "wal_bytes_per_row", "xacts_per_row", "claims")
+			if res.Rows != c.rows {
+				t.Errorf("rows %d, want %d", res.Rows, c.rows)
+			}
+			cleanedUp(t, pool)
+		})
+	}
 }
 
 func TestClaimDepth(t *testing.T) {

@@ -7,10 +7,16 @@
 //
 //   - Throughput: pre-inserted rows burnt down by a no-op handler.
 //   - Latency: rows inserted one at a time while every slot is idle; time
-//     from the insert's commit to the handler's start.
+//     from the insert's commit to the handler's start, and its steps
+//     (notification, claim sent, claim answered) traced by the bench alone.
 //   - ClaimDepth: the time of one claim with millions of finished rows in
 //     the table.
-//   - Herd: claim queries per row with many idle processes listening.
+//   - SkipLocked: the bare FOR UPDATE SKIP LOCKED loop on a table shaped
+//     like files.files, with no queue code: the ceiling to compare with.
+//   - CPU: the database server's CPU time (from /proc), the worker's, the
+//     WAL and the transactions per row, at a fixed rate or at peak.
+//   - Herd: claim queries per row with many idle processes listening, their
+//     pools optionally through a PgBouncer, and what the idle fleet costs.
 //   - Enqueue: rows per second through `pgworker enqueue`'s COPY path.
 //   - Pipeline: rows per second of the download-exec-upload pipeline
 //     through the queue, beside the same pipeline with no queue at all.

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgworker/pgworker/listener"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -29,6 +33,16 @@ type HerdConfig struct {
 	// Interval between a row's pickup and the next insert, so that each row
 	// is a wake-up of its own. Defaults to 50ms.
 	Interval time.Duration
+	// PoolConfig is what the runtimes' pools connect with, for example
+	// through a transaction-pooling PgBouncer (with a statement mode that
+	// suits it); each runtime's LISTEN connection then still goes to the
+	// bench's own server, directly, as pgworker run --listen-url does.
+	// Defaults to the bench pool's settings, for both.
+	PoolConfig *pgxpool.Config
+	// Idle is how long the idle fleet is watched, once every runtime has
+	// settled and before the first row: the statements, function calls and
+	// server CPU it costs while there is no work. Defaults to none.
+	Idle time.Duration
 }
 
 // HerdResult is what Herd measured. A wake-up is one notification reaching
@@ -52,6 +66,27 @@ type HerdResult struct {
 	ClientClaims           uint64  `json:"client_claims"`
 	ClientRacesLost        uint64  `json:"client_races_lost"`
 	MaxProcessClaimsPerRow float64 `json:"max_process_claims_per_row"`
+	// ServerConns is the server's client connections to the database
+	// once every runtime has started: the runtimes' LISTEN connections and
+	// their pools' (or the pooler's) connections, the bench's own included.
+	ServerConns int `json:"server_conns"`
+	// IdleFleet is what the fleet cost while idle, when HerdConfig.Idle is set.
+	IdleFleet *IdleCost `json:"idle,omitempty"`
+}
+
+// IdleCost is what an idle fleet costs the database per second: committed
+// transactions, calls of the SQL API's functions by name, and the server's
+// CPU (milliseconds per second: 1000 is one core) when it runs on this
+// machine.
+type IdleCost struct {
+	WindowMS    float64 `json:"window_ms"`
+	XactsPerSec float64 `json:"xacts_per_sec"`
+	// CallsPerSec is counted by the server, whose sessions report their
+	// counts within a few seconds: a short window misses some.
+	CallsPerSec map[string]float64 `json:"calls_per_sec"`
+	// ClaimCalls is the claim queries the runtimes sent in the window.
+	ClaimCalls    int64   `json:"claim_calls"`
+	ServerCPUMSPS float64 `json:"server_cpu_ms_per_sec,omitempty"`
 }
 
 // Herd starts cfg.Processes worker runtimes of cfg.Slots idle slots each,
@@ -63,7 +98,7 @@ func (b *Bench) Herd(ctx context.Context, cfg *HerdConfig) (*HerdResult, error) 
 	res := &HerdResult{Processes: c.Processes, Slots: c.Slots, Rows: c.Rows, IntervalMS: ms(c.Interval)}
 	err := b.run(ctx, "herd", func(ctx context.Context) error {
 		res.Setup = b.setup("herd")
-		params, err := b.herdParams(ctx, c.Processes)
+		params, err := b.herdParams(ctx, c.Processes, c.PoolConfig != nil)
 		if err != nil {
 			return err
 		}
@@ -72,6 +107,14 @@ func (b *Bench) Herd(ctx context.Context, cfg *HerdConfig) (*HerdResult, error) 
 			return err
 		}
 		defer h.stop()
+		if err := b.pool.QueryRow(ctx, sqlClientConns).Scan(&res.ServerConns); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if c.Idle > 0 {
+			if res.IdleFleet, err = b.idleCost(ctx, h, c.Idle); err != nil {
+				return err
+			}
+		}
 		return b.measureHerd(ctx, c, h, res)
 	})
 	if err != nil {
@@ -96,12 +139,16 @@ func herdDefaults(cfg *HerdConfig) HerdConfig {
 // and returns the session settings they need: the server counts calls only
 // with track_functions, and a superuser may turn it on for the runtimes'
 // sessions alone.
-func (b *Bench) herdParams(ctx context.Context, processes int) (map[string]string, error) {
+func (b *Bench) herdParams(ctx context.Context, processes int, pooled bool) (map[string]string, error) {
 	var free int
 	if err := b.pool.QueryRow(ctx, sqlFreeConns).Scan(&free); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	if need := processes * (herdConns + 1); need > free {
+	need := processes * (herdConns + 1)
+	if pooled {
+		need = processes + 1 // the listeners; the pooler's connections are its own
+	}
+	if need > free {
 		return nil, fmt.Errorf("bench: herd with %d processes needs up to %d connections, and the server has %d free "+
 			"(lower the processes or raise max_connections)", processes, need, free)
 	}
@@ -110,6 +157,10 @@ func (b *Bench) herdParams(ctx context.Context, processes int) (map[string]strin
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	if track == "none" {
+		if pooled {
+			return nil, errors.New("bench: herd counts claims with pg_stat_user_functions, and track_functions is none " +
+				"(set track_functions = 'pl' in postgresql.conf: a pooler does not pass it on for the runtimes' sessions)")
+		}
 		return map[string]string{"track_functions": "pl"}, nil
 	}
 	return nil, nil
@@ -121,49 +172,163 @@ type herd struct {
 	workers []*worker.Worker
 	pools   []*pgxpool.Pool
 	picked  atomic.Int64
+	// With HerdConfig.PoolConfig, the runtimes' listeners on the bench's
+	// server, run here until stop.
+	stopListen context.CancelFunc
+	listening  sync.WaitGroup
 }
 
+// herdStarts is how many runtimes start at once.
+const herdStarts = 20
+
 // startHerd starts c.Processes runtimes of c.Slots idle slots each, whose
-// sessions get params. On an error it stops those it started.
+// sessions get params, herdStarts at a time. On an error it stops those it
+// started.
 func (b *Bench) startHerd(ctx context.Context, c HerdConfig, params map[string]string) (*herd, error) {
 	h := &herd{
-		workers: make([]*worker.Worker, 0, c.Processes),
-		pools:   make([]*pgxpool.Pool, 0, c.Processes),
+		workers: make([]*worker.Worker, c.Processes),
+		pools:   make([]*pgxpool.Pool, c.Processes),
 	}
+	lctx, stopListen := context.WithCancel(context.WithoutCancel(ctx))
+	h.stopListen = stopListen
 	handler := worker.HandlerFunc(func(context.Context, *worker.Job) (*worker.Result, error) {
 		h.picked.Add(1)
 		return nil, nil
 	})
 	b.logger.Info("bench: starting the runtimes", "processes", c.Processes, "slots", c.Slots)
-	for i := range c.Processes {
-		pool, err := b.workerPool(ctx, herdConns, params)
-		if err != nil {
-			h.stop()
-			return nil, err
-		}
-		h.pools = append(h.pools, pool)
-		w, err := b.startWorker(ctx, pool, "herd"+strconv.Itoa(i), worker.Config{Handler: handler, Slots: c.Slots})
-		if err != nil {
-			h.stop()
-			if params != nil && isPrivilege(err) {
-				return nil, errors.New("bench: herd counts claims with pg_stat_user_functions, and track_functions is none " +
-					"(set track_functions = 'pl' in postgresql.conf, or run the benchmark as a superuser)")
+	errs := make([]error, c.Processes)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(herdStarts, c.Processes) {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = b.startOne(ctx, lctx, c, params, h, i, handler)
 			}
-			return nil, err
+		})
+	}
+	for i := range c.Processes {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	h.workers = slices.DeleteFunc(h.workers, func(w *worker.Worker) bool { return w == nil })
+	h.pools = slices.DeleteFunc(h.pools, func(p *pgxpool.Pool) bool { return p == nil })
+	if err := errors.Join(errs...); err != nil {
+		h.stop()
+		if params != nil && isPrivilege(err) {
+			return nil, errors.New("bench: herd counts claims with pg_stat_user_functions, and track_functions is none " +
+				"(set track_functions = 'pl' in postgresql.conf, or run the benchmark as a superuser)")
 		}
-		h.workers = append(h.workers, w)
+		return nil, err
 	}
 	return h, nil
 }
 
-// stop stops the runtimes and closes their pools.
-func (h *herd) stop() {
-	for _, w := range h.workers {
-		stopWorker(w)
+// startOne starts runtime i of h.
+func (b *Bench) startOne(ctx, lctx context.Context, c HerdConfig, params map[string]string, h *herd, i int, handler worker.Handler) error {
+	cfg := worker.Config{Handler: handler, Slots: c.Slots}
+	var pool *pgxpool.Pool
+	var err error
+	if c.PoolConfig != nil {
+		pc := c.PoolConfig.Copy()
+		pc.MaxConns, pc.MinConns = herdConns, 0
+		if pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+			return fmt.Errorf("bench: open a pool for the worker: %w", err)
+		}
+		l, err := listener.New(&listener.Config{ConnConfig: &b.pool.Config().ConnConfig.Config})
+		if err != nil {
+			pool.Close()
+			return fmt.Errorf("bench: %w", err)
+		}
+		h.listening.Go(func() { _ = l.Listen(lctx) })
+		cfg.Listener = l
+	} else if pool, err = b.workerPool(ctx, herdConns, params); err != nil {
+		return err
 	}
+	h.pools[i] = pool
+	w, err := b.startWorker(ctx, pool, "herd"+strconv.Itoa(i), cfg)
+	if err != nil {
+		return err
+	}
+	h.workers[i] = w
+	return nil
+}
+
+// stop stops the runtimes, their listeners and their pools.
+func (h *herd) stop() {
+	var wg sync.WaitGroup
+	for _, w := range h.workers {
+		wg.Go(func() { stopWorker(w) })
+	}
+	wg.Wait()
+	h.stopListen()
+	h.listening.Wait()
 	for _, p := range h.pools {
 		p.Close()
 	}
+}
+
+// idleCost watches the settled, idle fleet for window.
+func (b *Bench) idleCost(ctx context.Context, h *herd, window time.Duration) (*IdleCost, error) {
+	server, err := b.findServerCPU(ctx)
+	if err != nil {
+		b.logger.Info("bench: the idle fleet's server CPU is left out", "error", err)
+		server = nil
+	}
+	type reading struct {
+		claims uint64 // the runtimes' own count: the server's may lag
+		xacts  int64
+		calls  map[string]int64
+		cpu    time.Duration
+		at     time.Time
+	}
+	read := func() (reading, error) {
+		r := reading{calls: map[string]int64{}, claims: h.claims()}
+		flushAll(ctx, h.pools)
+		if err := b.pool.QueryRow(ctx, sqlXactCommits).Scan(&r.xacts); err != nil {
+			return r, fmt.Errorf("bench: %w", err)
+		}
+		rows, err := b.pool.Query(ctx, sqlFunctionCalls)
+		if err != nil {
+			return r, fmt.Errorf("bench: %w", err)
+		}
+		var name string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { r.calls[name] = n; return nil }); err != nil {
+			return r, fmt.Errorf("bench: %w", err)
+		}
+		if server != nil {
+			if r.cpu, err = server.total(); err != nil {
+				return r, err
+			}
+		}
+		r.at = time.Now()
+		return r, nil
+	}
+	before, err := read()
+	if err != nil {
+		return nil, err
+	}
+	if err := sleep(ctx, window); err != nil {
+		return nil, err
+	}
+	after, err := read()
+	if err != nil {
+		return nil, err
+	}
+	secs := after.at.Sub(before.at).Seconds()
+	ic := &IdleCost{WindowMS: ms(after.at.Sub(before.at)), XactsPerSec: round(float64(after.xacts-before.xacts)/secs, 2),
+		CallsPerSec: map[string]float64{}}
+	for name, n := range after.calls {
+		if d := n - before.calls[name]; d > 0 {
+			ic.CallsPerSec[name] = round(float64(d)/secs, 2)
+		}
+	}
+	ic.ClaimCalls = int64(after.claims - before.claims)
+	if server != nil {
+		ic.ServerCPUMSPS = round(ms(after.cpu-before.cpu)/secs, 2)
+	}
+	return ic, nil
 }
 
 // herdClients is what the runtimes' own counters say at one moment: the

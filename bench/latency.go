@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgworker/pgworker/listener"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -41,6 +42,12 @@ type LatencyResult struct {
 	Slots int     `json:"slots"`
 	Percentiles
 	FromSend Percentiles `json:"from_send"`
+	// Steps break the pickup down, traced by the benchmark alone (a
+	// subscriber of the worker's listener and a tracer on its pool): the
+	// insert's commit returned → the notification reached the listener
+	// (negative when it came first) → the claim query was sent → its answer
+	// came back → the handler started.
+	Steps *LatencySteps `json:"steps,omitempty"`
 	// Claims is the number of claim queries the worker sent meanwhile.
 	Claims uint64 `json:"claims"`
 }
@@ -55,12 +62,26 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 	err := b.run(ctx, "latency", func(ctx context.Context) error {
 		res.Setup = b.setup("latency")
 		starts := newPickups()
-		pool, err := b.workerPool(ctx, 4, nil)
+		tr := newPickupTrace()
+		pool, err := b.tracedPool(ctx, 4, tr)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		w, err := b.startWorker(ctx, pool, "latency", worker.Config{Handler: starts, Slots: c.Slots})
+		l, err := listener.New(&listener.Config{ConnConfig: &pool.Config().ConnConfig.Config})
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		lctx, stopListen := context.WithCancel(ctx)
+		var listening sync.WaitGroup
+		defer listening.Wait()
+		defer stopListen()
+		// Subscribed before the worker: rung first on each notification.
+		sub := l.Subscribe(Queue)
+		defer sub.Close()
+		listening.Go(func() { tr.notifications(lctx, sub.Doorbell()) })
+		listening.Go(func() { _ = l.Listen(lctx) })
+		w, err := b.startWorker(ctx, pool, "latency", worker.Config{Handler: starts, Slots: c.Slots, Listener: l})
 		if err != nil {
 			return err
 		}
@@ -93,6 +114,7 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		}
 		res.Percentiles = percentiles(fromCommit)
 		res.FromSend = percentiles(fromSend)
+		res.Steps = tr.steps(ins, starts, latencyWarmup)
 		return nil
 	})
 	if err != nil {

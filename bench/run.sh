@@ -2,7 +2,9 @@
 # Runs every pgworker bench mode and the River peer benchmark (bench/peers),
 # one after the other, and writes BENCHMARKS.md. `make bench` runs it through
 # internal/cmd/withservices, which starts a throwaway PostgreSQL (TEST_DATABASE_URL)
-# and MinIO (PGWORKER_S3_ENDPOINT, AWS_*) with a bucket pgworker-bench.
+# and MinIO (PGWORKER_S3_ENDPOINT, AWS_*) with a bucket pgworker-bench; the
+# cluster runs with fsync on and pg_stat_statements loaded (BENCH_SETTINGS in
+# the Makefile), and this script creates the extension in its database.
 #
 # The sizes below finish in about ten minutes on two cores; the slowest part
 # is building the ten-million-row table of claim-depth, which BENCH_DEPTHS
@@ -33,6 +35,10 @@ trap 'exit 130' INT TERM
 "$psql" "$TEST_DATABASE_URL" -qc "CREATE DATABASE $db"
 go build -o "$out/pgworker" ./cmd/pgworker
 "$out/pgworker" migrate up --log-level warn >/dev/null
+# The statements' breakdown of bench cpu, when the server has the library.
+if [ "$("$psql" "$PGWORKER_DATABASE_URL" -Atc "SELECT current_setting('shared_preload_libraries') ~ 'pg_stat_statements'")" = t ]; then
+	"$psql" "$PGWORKER_DATABASE_URL" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
+fi
 
 # A failed run is reported and left out; the others still make the report.
 failed=
@@ -60,23 +66,34 @@ fi
 # Burn-downs side by side: pgworker and River alternate, three rounds, so
 # that the machine's drifting load falls on both alike; the report compares
 # the medians.
+# The bare SKIP LOCKED loop runs in the same rounds, as the ceiling the
+# 2,000-slot figure is compared with.
 for round in 1 2 3; do
 	pgworker bench throughput --rows 20000 --slots 100 --json
 	[ -z "$peers" ] || river throughput --rows 20000 --slots 100 --json
 	pgworker bench throughput --rows 50000 --slots 2000 --json
 	[ -z "$peers" ] || river throughput --rows 50000 --slots 2000 --json
+	pgworker bench skiplocked --rows 50000 --clients 8 --batch 100 --json
 done
-pgworker bench latency --rows 500 --rate 50 --slots 100 --json
+# Pickup and database CPU per row, alternating with River's in three rounds.
+for round in 1 2 3; do
+	pgworker bench latency --rows 500 --rate 50 --slots 100 --json
+	if [ -n "$peers" ]; then
+		river latency --rows 500 --rate 50 --slots 100 --json
+		river latency --rows 500 --rate 50 --slots 100 --tuned --json
+	fi
+	for rate in 200 1000; do
+		pgworker bench cpu --rate "$rate" --duration 10s --slots 100 --json
+		[ -z "$peers" ] || river cpu --rate "$rate" --duration 10s --slots 100 --json
+	done
+	pgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json
+	[ -z "$peers" ] || river cpu --rate 0 --rows 50000 --slots 2000 --json
+done
 pgworker bench claim-depth --depths "$depths" --claims 200 --json
 pgworker bench herd --processes 20 --slots 50 --rows 100 --json
 pgworker bench enqueue --rows 1000000 --json
 pgworker bench views --rows 10000000 --attempts 10000000 --slots 2000 --json
 pgworker bench pipeline --rows 4000 --rounds 8 --slots 8 --input-store s3://pgworker-bench/in --output-store s3://pgworker-bench/out --json
-
-if [ -n "$peers" ]; then
-	river latency --rows 500 --rate 50 --slots 100 --json
-	river latency --rows 500 --rate 50 --slots 100 --tuned --json
-fi
 
 go run ./bench/cmd/benchreport -commands "$out/commands" -append bench/other-measurements.md -o "$report" "$out/pgworker.jsonl" "$out/river.jsonl"
 echo "wrote $report" >&2

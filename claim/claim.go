@@ -1,12 +1,17 @@
 // Package claim takes rows of files.files for the idle slots of a process.
 //
 // A Claimer waits for a doorbell (a files_pending notification fanned out by
-// package listener), for a slot to free up after a claim that filled every idle
-// slot, or for a safety-net timer, and then claims one row for each idle slot
-// in a single query: files.claim_batch, or files.claim when one slot is idle
-// (its plans are made once per connection, where claim_batch plans each
-// call). It never polls at a fixed cadence: an idle process sends no claim
-// query but the safety net's.
+// package listener), for a slot to free up after a claim that filled every
+// slot it asked for, or for a safety-net timer, and then claims one row for
+// each of its idle slots, or of as many as recent claims suggest, in a single
+// query: files.claim_batch, or files.claim when one slot is idle (its plans
+// are made once per connection, where claim_batch plans each call). A claim
+// names about twice as many slots as the last one found rows, and twice as
+// many again while claims come back full, so that a lone row does not cost a
+// claim for every idle slot. It never polls at a fixed cadence: an idle
+// process sends no claim query but the safety net's, and each wake-up sends
+// one claim, followed by another only when the first filled every slot it
+// named.
 //
 // A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
 // only means "wait again": it is counted, never reported as an error.
@@ -51,6 +56,12 @@ const (
 	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3)`
 	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3)`
 )
+
+// minAsk is the fewest idle slots a claim asks rows for when more are idle.
+// Two, not one: a claim that fills every slot it asked for is followed at
+// once by another, and a lone row taken by a claim for two leaves no second
+// query behind it.
+const minAsk = 2
 
 // maxWakeTimes bounds how many retry times a Claimer remembers; the safety net
 // covers the others.
@@ -238,7 +249,7 @@ func RaceLost(err error) bool {
 }
 
 // Free makes workerID idle again (its row is done) and lets the claimer look
-// for work for it at once if the last claim filled every idle slot.
+// for work for it at once if the last claim filled every slot it named.
 func (c *Claimer) Free(workerID string) {
 	c.mu.Lock()
 	c.idle = append(c.idle, workerID)
@@ -295,6 +306,13 @@ func (c *Claimer) Stats() Stats {
 // ends is finished and its rows are delivered, so none is left held unseen.
 func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 	pending := true // look once at start: there may be a backlog
+	// How many idle slots the next claim asks rows for. A claim's cost grows
+	// with the slots it names (each is looked up in files.workers and given
+	// a lease), so it names about twice as many as the last claim found,
+	// and twice as many again while claims come back full: a lone row costs
+	// a claim for two slots, not for every idle one, and a backlog fills the
+	// idle slots within a few claims, each of which found rows.
+	ask := minAsk
 	timer := time.NewTimer(c.untilSafety())
 	defer timer.Stop()
 	races, failures := 0, 0
@@ -320,7 +338,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 			return nil
 		}
 
-		ids := c.takeIdle()
+		ids := c.takeIdle(ask)
 		started := time.Now()
 		c.inFlight.Add(1)
 		// Not cancelled with ctx: a claim committed on the server must reach its slots.
@@ -337,14 +355,16 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 
 		switch {
 		case err == nil:
+			ask = nextAsk(ask, len(ids), len(rows))
 			if !downSince.IsZero() {
 				c.logger.Info("claim: database reachable again", "down_for", time.Since(downSince).Round(time.Millisecond))
 				downSince = time.Time{}
 			}
 			c.setLastErr("")
 			races, failures = 0, 0
-			// Every idle slot got a row: there may be more, so look again as
-			// soon as a slot frees up, without waiting for a notification.
+			// Every slot asked for got a row: there may be more, so look
+			// again at once for the other idle slots, or as soon as a slot
+			// frees up, without waiting for a notification.
 			pending = len(rows) == len(ids)
 		case RaceLost(err):
 			// Someone else took rows we saw. Rows may remain that nobody
@@ -377,12 +397,24 @@ func (c *Claimer) idleCount() int {
 	return len(c.idle)
 }
 
-func (c *Claimer) takeIdle() []string {
+// takeIdle takes up to n idle slots (at least one when any is idle).
+func (c *Claimer) takeIdle(n int) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ids := c.idle
-	c.idle = nil
+	n = min(max(n, 1), len(c.idle))
+	ids := slices.Clone(c.idle[:n])
+	c.idle = slices.Delete(c.idle, 0, n)
 	return ids
+}
+
+// nextAsk is how many slots the claim after one that asked for asked and
+// got got rows asks for, given that ask was the plan.
+func nextAsk(ask, asked, got int) int {
+	if got == asked {
+		// Full: there may be more; never fewer than planned.
+		return max(ask, 2*asked)
+	}
+	return max(2*got, minAsk)
 }
 
 // giveBack returns to the idle set the ids that got no row.

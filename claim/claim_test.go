@@ -166,6 +166,57 @@ func TestRunClaimsAgainWhenSlotsFree(t *testing.T) {
 	}
 }
 
+// A backlog fills every idle slot within a few claims, each naming twice as
+// many slots as the one before and each finding rows.
+func TestRunBacklogFillsEveryIdleSlot(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	insert(t, pool, 50, "default")
+	idle := make([]string, 10)
+	for i := range idle {
+		idle[i] = fmt.Sprintf("n:1:%d", i)
+	}
+	c := claim.New(pool, &claim.Config{Idle: idle, SafetyNet: time.Hour})
+	col := newCollector()
+	run(t, c, col.deliver)
+	held := map[string]bool{}
+	for range idle {
+		held[col.next(t, "a row for each idle slot").WorkerID] = true
+	}
+	if len(held) != len(idle) {
+		t.Fatalf("%d slots got rows, want %d", len(held), len(idle))
+	}
+	// Asking for 2, 4, then the 4 left: three claims, none of them empty.
+	if s := c.Stats(); s.Claims != 3 || s.RacesLost != 0 || s.IdleSlots != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// Rows announced one at a time cost one claim each, however many slots are
+// idle: a claim that names two slots and finds one row looks no further.
+func TestRunOneClaimPerLoneRow(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	bell := make(chan struct{}, 1)
+	idle := make([]string, 10)
+	for i := range idle {
+		idle[i] = fmt.Sprintf("n:1:%d", i)
+	}
+	c := claim.New(pool, &claim.Config{Idle: idle, Doorbell: bell, SafetyNet: time.Hour})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+	for i := range 5 {
+		insert(t, pool, 1, "default")
+		bell <- struct{}{}
+		col.next(t, "the announced row")
+		// The claim is counted once answered, before its row is delivered.
+		if s := c.Stats(); s.Claims != uint64(2+i) || s.Rows != uint64(1+i) {
+			t.Fatalf("after row %d: %+v", i+1, s)
+		}
+	}
+}
+
 func TestRunSafetyNetAndWakeAt(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)

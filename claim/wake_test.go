@@ -28,3 +28,20 @@ func TestWakeAskedForDuringAClaimSurvivesIt(t *testing.T) {
 		t.Fatalf("wake times left: %+v", c.wakes)
 	}
 }
+
+// The slots a claim names: twice what the last one found, and twice as many
+// again while claims come back full, never fewer than two.
+func TestNextAsk(t *testing.T) {
+	for _, c := range []struct{ ask, asked, got, want int }{
+		{2, 2, 2, 4},       // full: double
+		{4, 3, 3, 6},       // full with fewer idle than planned: double what it named
+		{64, 3, 3, 64},     // full, but the plan was larger: keep it
+		{2, 2, 1, 2},       // a lone row
+		{100, 100, 0, 2},   // nothing
+		{100, 100, 30, 60}, // some
+	} {
+		if got := nextAsk(c.ask, c.asked, c.got); got != c.want {
+			t.Errorf("nextAsk(%d, %d, %d) = %d, want %d", c.ask, c.asked, c.got, got, c.want)
+		}
+	}
+}

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/blob"
 )
@@ -29,6 +32,10 @@ setup (--json: one JSON object on one line).
                is idle: insert commit to handler start (p50, p90, p99, max)
   claim-depth  the time of one claim with up to millions of finished rows in
                the table, and how it grows with the table
+  skiplocked   the bare database as a queue: FOR UPDATE SKIP LOCKED claims and
+               completions of a table shaped like files.files, no queue code
+  cpu          the database server's and the worker's CPU time, WAL and
+               transactions per row, at a fixed rate or at peak
   herd         many idle processes, one row at a time: claim queries per row
                and per process per wake-up, counted by the server
   enqueue      rows/s through pgworker enqueue's COPY path
@@ -96,8 +103,39 @@ Ten million rows take a few minutes to build and need about 2 GB of disk;
 --depths picks the sizes (k and M suffixes allowed).`,
 		examples: "pgworker bench claim-depth\npgworker bench claim-depth --depths 10k,1M --claims 500 --json",
 	},
+	"skiplocked": {
+		name: "bench skiplocked", args: "[--rows N] [--clients N] [--batch N] [--json] [flags]",
+		help: `
+Measures what the database does as a queue with no queue software: creates a
+table with the columns, checks and defaults of files.files and a partial
+index on its pending rows (as files_claim_idx), in a schema of its own
+(pgworker_bench_skiplocked, dropped at the end), loads --rows rows (not
+timed), and times --clients connections that each claim --batch rows with
+UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) and mark them done
+with a second UPDATE, one transaction each, until every row is done. No
+history row, no notification, no fencing: the ceiling a queue on this
+database can approach. JSON: rows_per_sec, elapsed_ms.`,
+		examples: "pgworker bench skiplocked\npgworker bench skiplocked --rows 100000 --clients 8 --batch 100 --json",
+	},
+	"cpu": {
+		name: "bench cpu", args: "[--rate R] [--duration D] [--rows N] [--slots N] [--json] [flags]",
+		help: `
+Runs a worker runtime with --slots slots and a no-op handler on rows
+inserted one per transaction at --rate per second for --duration, or, with
+--rate 0, on --rows rows inserted beforehand (not measured) and burnt down at
+peak. Between the start and the last outcome it reads the CPU time of every
+process of the PostgreSQL server from /proc (the server must run on this
+machine; its postmaster is found as the parent of a backend and checked
+against pg_postmaster_start_time()), the CPU time of this process (the
+worker and the inserts), the WAL written and the database's transactions,
+and divides each by the rows. With the pg_stat_statements extension in the
+database, the statements with the most execution time are listed per row.
+JSON: server_cpu_ms_per_row, worker_cpu_ms_per_row, wal_bytes_per_row,
+xacts_per_row, statements.`,
+		examples: "pgworker bench cpu --rate 200 --duration 10s\npgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json",
+	},
 	"herd": {
-		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--json] [flags]",
+		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--pool-url URL] [--idle D] [--json] [flags]",
 		help: `
 Starts --processes worker runtimes in this process, each with its own pool and
 LISTEN connection as separate processes would have, and --slots idle slots
@@ -106,7 +144,15 @@ picked up and --interval passed, and counts the claim queries the server ran
 (calls of files.claim_batch and files.claim in pg_stat_user_functions, read
 once the statistics settle; they need track_functions, which a superuser's
 benchmark turns on for its own sessions). JSON: claim_queries_per_row,
-claim_queries_per_process_per_wakeup, and the runtimes' own counts.`,
+claim_queries_per_process_per_wakeup, and the runtimes' own counts.
+
+With --pool-url the runtimes' pools connect there (a transaction-pooling
+PgBouncer in front of the same database; --statement-mode applies, exec by
+default) while their LISTEN connections stay on --database-url, as pgworker
+run --listen-url sets them up. With --idle, the settled fleet is first
+watched that long with no work: transactions and SQL API calls per second,
+the claims the runtimes sent (none, for an idle fleet) and the server's CPU
+(JSON: idle). server_conns is the database's client connections meanwhile.`,
 		examples: "pgworker bench herd --processes 20 --slots 50\npgworker bench herd --processes 5 --rows 20 --json",
 	},
 	"enqueue": {
@@ -169,7 +215,7 @@ redirection.`,
 }
 
 // benchModeOrder lists the modes for messages.
-const benchModeOrder = "throughput, latency, claim-depth, herd, enqueue, batches, views or pipeline"
+const benchModeOrder = "throughput, latency, claim-depth, skiplocked, cpu, herd, enqueue, batches, views or pipeline"
 
 func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
@@ -235,11 +281,11 @@ type benchFlags struct {
 	timeout time.Duration
 
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
-	batches, exportRows, attempts                                     int
+	batches, exportRows, clients, attempts                            int
 	rate, present                                                     float64
 	noKey                                                             bool
-	depths, execCmd, inputStore, outputStore                          string
-	interval                                                          time.Duration
+	depths, execCmd, inputStore, outputStore, poolURL                 string
+	interval, duration                                                time.Duration
 	depthList                                                         []int // parsed from depths
 }
 
@@ -259,11 +305,23 @@ func (f *benchFlags) add(fs *flagSet) {
 	case "claim-depth":
 		fs.StringVar(&f.depths, "depths", "10000,1000000,10000000", "table sizes to measure at: comma-separated `N`s (10k, 1M allowed)")
 		fs.IntVar(&f.claims, "claims", 200, "`N` timed claims of each function per depth")
+	case "skiplocked":
+		fs.IntVar(&f.rows, "rows", 50000, "`N` rows to burn down")
+		fs.IntVar(&f.clients, "clients", 8, "`N` connections claiming and completing at once")
+		fs.IntVar(&f.batchSize, "batch", 100, "`N` rows per claim and per completion")
+	case "cpu":
+		fs.Float64Var(&f.rate, "rate", 200, "rows inserted per second, one per transaction; 0: --rows burnt down at peak")
+		fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long to insert at --rate")
+		fs.IntVar(&f.rows, "rows", 20000, "`N` rows burnt down at peak (--rate 0)")
+		fs.IntVar(&f.slots, "slots", 100, "`N` slots of the worker")
+		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
 	case "herd":
 		fs.IntVar(&f.processes, "processes", 20, "`N` worker runtimes, each with its own connections")
 		fs.IntVar(&f.slots, "slots", 50, "`N` idle slots per runtime")
 		fs.IntVar(&f.rows, "rows", 100, "`N` rows inserted one at a time")
 		fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "pause after each row is picked up, before the next insert")
+		fs.StringVar(&f.poolURL, "pool-url", "", "`URL` the runtimes' pools connect to (a PgBouncer), their listeners staying on --database-url")
+		fs.DurationVar(&f.duration, "idle", 0, "watch the idle fleet this long before the rows (0: not at all)")
 	case "enqueue":
 		fs.IntVar(&f.rows, "rows", 1_000_000, "`N` sources to enqueue")
 		fs.IntVar(&f.batchSize, "chunk-size", defaultBatchSize, "`N` rows per COPY batch and transaction, as pgworker enqueue --chunk-size")
@@ -300,7 +358,7 @@ func (f *benchFlags) check(fs *flagSet) error {
 	}{{"rows", f.rows, 100_000_000}, {"slots", f.slots, 10_000}, {"max-conns", f.maxConns, 1000}, {"claims", f.claims, 1_000_000},
 		{"processes", f.processes, 500}, {"chunk-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000},
 		{"batches", f.batches, 10_000}, {"export-rows", f.exportRows, 100_000_000}, {"queries", f.claims, 1_000_000},
-		{"attempts", f.attempts, 100_000_000}} {
+		{"clients", f.clients, 1000}, {"batch", f.batchSize, 100_000}, {"attempts", f.attempts, 100_000_000}} {
 		if fs.Lookup(fl.name) != nil && (fl.v < 1 || fl.v > fl.high) {
 			return usagef("--%s must be between 1 and %d", fl.name, fl.high)
 		}
@@ -313,6 +371,13 @@ func (f *benchFlags) check(fs *flagSet) error {
 		if f.rate <= 0 || f.rate > 100_000 {
 			return usagef("--rate must be above 0 and at most 100000 rows per second")
 		}
+	case "cpu":
+		if f.rate < 0 || f.rate > 100_000 {
+			return usagef("--rate must be from 0 (peak) to 100000 rows per second")
+		}
+		if f.duration <= 0 {
+			return usagef("--duration must be positive")
+		}
 	case "claim-depth":
 		var err error
 		if f.depthList, err = parseDepths(f.depths); err != nil {
@@ -323,8 +388,8 @@ func (f *benchFlags) check(fs *flagSet) error {
 			return usagef("--present must be at least 0 and below 1, without --no-key")
 		}
 	case "herd":
-		if f.interval < 0 {
-			return usagef("--interval must not be negative")
+		if f.interval < 0 || f.duration < 0 {
+			return usagef("--interval and --idle must not be negative")
 		}
 	case "pipeline":
 		if f.inputStore == "" || f.outputStore == "" {
@@ -348,8 +413,24 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 		return b.Latency(ctx, &bench.LatencyConfig{Rows: f.rows, Rate: f.rate, Slots: f.slots})
 	case "claim-depth":
 		return b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: f.depthList, Claims: f.claims})
+	case "skiplocked":
+		return b.SkipLocked(ctx, &bench.SkipLockedConfig{Rows: f.rows, Clients: f.clients, Batch: f.batchSize})
+	case "cpu":
+		return b.CPU(ctx, &bench.CPUConfig{Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns})
 	case "herd":
-		return b.Herd(ctx, &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval})
+		cfg := &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval, Idle: f.duration}
+		if f.poolURL != "" {
+			pc, err := pgxpool.ParseConfig(f.poolURL)
+			if err != nil {
+				return nil, usagef("--pool-url %s: %s", RedactURL(f.poolURL), scrub(err.Error(), f.poolURL))
+			}
+			pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			if mode, ok := statementModes[inv.db.statementMode]; ok {
+				pc.ConnConfig.DefaultQueryExecMode = mode
+			}
+			cfg.PoolConfig = pc
+		}
+		return b.Herd(ctx, cfg)
 	case "enqueue":
 		return b.Enqueue(ctx, &bench.EnqueueConfig{Rows: f.rows, BatchSize: f.batchSize, Present: f.present, NoKey: f.noKey,
 			Load: c.enqueueLoader(inv.env, &inv.db, &inv.logs)})
@@ -435,8 +516,14 @@ func benchText(res any) string {
 		return fmt.Sprintf("throughput: %d rows, %d slots: %.0f rows/s (%.2f s, %d claim queries)",
 			r.Rows, r.Slots, r.RowsPerSec, r.ElapsedMS/1000, r.Claims)
 	case *bench.LatencyResult:
-		return fmt.Sprintf("latency: %d rows at %g/s, %d idle slots: insert commit to handler start p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms "+
+		line := fmt.Sprintf("latency: %d rows at %g/s, %d idle slots: insert commit to handler start p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms "+
 			"(from sending the insert: p50 %.2f ms)", r.Rows, r.Rate, r.Slots, r.P50MS, r.P90MS, r.P99MS, r.MaxMS, r.FromSend.P50MS)
+		if s := r.Steps; s != nil {
+			line += fmt.Sprintf("\n  p50 (p99) of %d rows: commit to notification %.3f (%.3f) ms, to claim sent %.3f (%.3f), claim %.3f (%.3f), to handler %.3f (%.3f)",
+				s.Traced, s.CommitToNotify.P50MS, s.CommitToNotify.P99MS, s.NotifyToClaim.P50MS, s.NotifyToClaim.P99MS,
+				s.Claim.P50MS, s.Claim.P99MS, s.ClaimToHandler.P50MS, s.ClaimToHandler.P99MS)
+		}
+		return line
 	case *bench.ClaimDepthResult:
 		var b strings.Builder
 		fmt.Fprintf(&b, "claim-depth: median of %d claims of one row for one slot (%g%% of the rows pending)\n", r.Claims, r.PendingPercent)
@@ -447,10 +534,30 @@ func benchText(res any) string {
 		fmt.Fprintf(&b, "  claim at %d rows / at %d rows: claim_batch %.2fx, claim %.2fx",
 			r.RatioDepths[0], r.RatioDepths[1], r.RatioClaimBatch, r.RatioClaim)
 		return b.String()
+	case *bench.SkipLockedResult:
+		return fmt.Sprintf("skiplocked: %d rows, %d clients, %d rows per statement: %.0f rows/s (%.2f s)",
+			r.Rows, r.Clients, r.Batch, r.RowsPerSec, r.ElapsedMS/1000)
+	case *bench.CPUResult:
+		rate := "at peak"
+		if r.Rate > 0 {
+			rate = fmt.Sprintf("at %g rows/s", r.Rate)
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "cpu: %d rows %s, %d slots (%.0f rows/s): server CPU %.3f ms per row, worker process %.3f ms, WAL %.0f bytes, %.2f transactions",
+			r.Rows, rate, r.Slots, r.RowsPerSec, r.ServerCPUMSPerRow, r.WorkerCPUMSPerRow, r.WALBytesPerRow, r.XactsPerRow)
+		for _, s := range r.Statements {
+			fmt.Fprintf(&b, "\n  %6.3f calls %7.4f ms exec %7.4f ms plan  %s", s.CallsPerRow, s.ExecMSPerRow, s.PlanMSPerRow, s.Query)
+		}
+		return b.String()
 	case *bench.HerdResult:
+		idle := ""
+		if i := r.IdleFleet; i != nil {
+			idle = fmt.Sprintf("; idle for %.1f s: %.1f transactions/s, %d claims, server CPU %.1f ms/s, calls/s %v",
+				i.WindowMS/1000, i.XactsPerSec, i.ClaimCalls, i.ServerCPUMSPS, i.CallsPerSec)
+		}
 		return fmt.Sprintf("herd: %d processes x %d idle slots, %d rows one at a time: %.2f claim queries per row, "+
-			"%.3f per process per wake-up (server-side; the runtimes counted %d, %d of them empty)",
-			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost)
+			"%.3f per process per wake-up (server-side; the runtimes counted %d, %d of them empty); %d server connections",
+			r.Processes, r.Slots, r.Rows, r.ClaimQueriesPerRow, r.ClaimQueriesPerProcessPerWakeup, r.ClientClaims, r.ClientRacesLost, r.ServerConns) + idle
 	case *bench.EnqueueResult:
 		return fmt.Sprintf("enqueue: %d rows in %.2f s: %.0f rows/s (batches of %d)", r.Rows, r.ElapsedMS/1000, r.RowsPerSec, r.BatchSize)
 	case *bench.BatchesResult:

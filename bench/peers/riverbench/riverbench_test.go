@@ -102,3 +102,33 @@ func TestLatency(t *testing.T) {
 		t.Errorf("river_job: %d completed of %d; want all of at least 200", done, total)
 	}
 }
+
+func TestCPU(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		rate float64
+		rows int
+	}{{"rate", 100, 30}, {"peak", 0, 200}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pool := migrated(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			res, err := riverbench.CPU(ctx, pool, &riverbench.Config{Rows: 200, Slots: 10}, c.rate, 300*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Mode != "cpu" || res.Rows != c.rows || res.Rate != c.rate {
+				t.Errorf("setup = %+v, rate %v", res.Setup, res.Rate)
+			}
+			// A job costs the server CPU, WAL and transactions.
+			if res.ServerCPUMSPerRow <= 0 || res.WALBytesPerRow <= 0 || res.XactsPerRow <= 0 || res.RowsPerSec <= 0 {
+				t.Errorf("result %+v", res)
+			}
+			if done, total := completed(t, pool); done != c.rows || total != c.rows {
+				t.Errorf("river_job: %d completed of %d; want %d", done, total, c.rows)
+			}
+		})
+	}
+}

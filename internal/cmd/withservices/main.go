@@ -8,6 +8,11 @@
 // TEST_DATABASE_URL is already set. MinIO and PgBouncer are started by the tests
 // that need them, from ./bin and the system's binaries.
 //
+// Each --setting 'NAME = VALUE' is a postgresql.conf line for the throwaway
+// cluster, after its own (which make commits cheap: fsync off):
+//
+//	go run ./internal/cmd/withservices --setting 'fsync = on' -- ./bench/run.sh
+//
 // With --minio it also starts a throwaway MinIO server (bin/minio) and sets
 // PGWORKER_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
 // AWS_REGION for the command, as pgworker reads them; each --bucket NAME
@@ -31,19 +36,20 @@ import (
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
 
-// buckets is the repeatable --bucket flag.
-type buckets []string
+// list is a repeatable flag.
+type list []string
 
-func (b *buckets) String() string     { return strings.Join(*b, ",") }
-func (b *buckets) Set(s string) error { *b = append(*b, s); return nil }
+func (b *list) String() string     { return strings.Join(*b, ",") }
+func (b *list) Set(s string) error { *b = append(*b, s); return nil }
 
 func main() {
 	fs := flag.NewFlagSet("withservices", flag.ExitOnError)
 	withMinIO := fs.Bool("minio", false, "also start a MinIO server and set PGWORKER_S3_ENDPOINT and the AWS_* credentials")
-	var bs buckets
+	var bs, settings list
 	fs.Var(&bs, "bucket", "create this `bucket` in MinIO (repeatable; implies --minio)")
+	fs.Var(&settings, "setting", "a postgresql.conf `line` for the throwaway cluster, such as 'fsync = on' (repeatable)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: withservices [--minio] [--bucket NAME]... -- COMMAND [ARGS...]")
+		fmt.Fprintln(os.Stderr, "usage: withservices [--setting 'NAME = VALUE']... [--minio] [--bucket NAME]... -- COMMAND [ARGS...]")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:]) // stops at --, which it consumes
@@ -52,14 +58,14 @@ func main() {
 		fs.Usage()
 		os.Exit(2)
 	}
-	os.Exit(run(args, *withMinIO || len(bs) > 0, bs))
+	os.Exit(run(args, settings, *withMinIO || len(bs) > 0, bs))
 }
 
-func run(args []string, withMinIO bool, bs []string) int {
+func run(args, settings []string, withMinIO bool, bs []string) int {
 	ctx := context.Background()
 	env := os.Environ()
 	if os.Getenv("TEST_DATABASE_URL") == "" {
-		c, err := pgtest.StartCluster(ctx, nil)
+		c, err := pgtest.StartCluster(ctx, &pgtest.ClusterConfig{Settings: settings})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "withservices: start PostgreSQL:", err)
 			return 1

@@ -2,6 +2,7 @@
 //
 //	riverbench throughput --rows 20000 --slots 100 [--json]
 //	riverbench latency --rows 500 --rate 50 --slots 100 [--json]
+//	riverbench cpu --rate 200 --duration 10s --slots 100 [--json]
 //
 // By default it creates a throwaway database <db>_riverbench beside the one
 // --database-url names, migrates River into it, runs, and drops it. With
@@ -33,6 +34,7 @@ const usage = `riverbench measures River on the workloads of pgworker bench.
 Usage:
   riverbench throughput [--rows N] [--slots N] [--json] [flags]
   riverbench latency [--rows N] [--rate R] [--slots N] [--json] [flags]
+  riverbench cpu [--rate R (0: peak)] [--duration D] [--rows N] [--slots N] [--json] [flags]
 
 Flags:
 `
@@ -58,6 +60,7 @@ type options struct {
 	dedicated         bool
 	timeout           time.Duration
 	json              bool
+	duration          time.Duration
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -67,12 +70,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	if len(args) == 0 || (args[0] != "throughput" && args[0] != "latency") {
+	if len(args) == 0 || (args[0] != "throughput" && args[0] != "latency" && args[0] != "cpu") {
 		fs.Usage()
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			return flag.ErrHelp
 		}
-		return errors.New("name a mode: throughput or latency")
+		return errors.New("name a mode: throughput, latency or cpu")
 	}
 	mode := args[0]
 
@@ -81,7 +84,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		"PostgreSQL URL (env RIVERBENCH_DATABASE_URL, then PGWORKER_DATABASE_URL, then DATABASE_URL)")
 	fs.IntVar(&o.rows, "rows", 0, fmt.Sprintf("jobs to run (default %d for throughput, %d for latency)", riverbench.DefaultThroughputRows, riverbench.DefaultLatencyRows))
 	fs.IntVar(&o.slots, "slots", riverbench.DefaultSlots, "River MaxWorkers on the queue")
-	fs.Float64Var(&o.rate, "rate", riverbench.DefaultRate, "latency: jobs inserted per second")
+	fs.Float64Var(&o.rate, "rate", riverbench.DefaultRate, "latency and cpu: jobs inserted per second (cpu: 0 burns --rows down at peak)")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "cpu: how long to insert at --rate")
 	fs.DurationVar(&o.fetchCooldown, "fetch-cooldown", 0, "River FetchCooldown (default River's, 100ms)")
 	fs.DurationVar(&o.fetchPollInterval, "fetch-poll-interval", 0, "River FetchPollInterval (default River's, 1s)")
 	fs.BoolVar(&o.tuned, "tuned", false, "set FetchCooldown to River's minimum (1ms) unless --fetch-cooldown is given")
@@ -156,6 +160,15 @@ func bench(ctx context.Context, mode string, o *options, stderr io.Writer) (any,
 	if err := riverbench.CheckEmpty(ctx, pool); err != nil {
 		return nil, err
 	}
+	if mode == "cpu" && !o.dedicated {
+		// The statements' breakdown, when the server has the library loaded.
+		var loaded bool
+		if err := pool.QueryRow(ctx, `SELECT current_setting('shared_preload_libraries') ~ 'pg_stat_statements'`).Scan(&loaded); err == nil && loaded {
+			if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+				return nil, fmt.Errorf("create pg_stat_statements in the throwaway database: %w", err)
+			}
+		}
+	}
 	rc := &riverbench.Config{
 		Rows:              o.rows,
 		Slots:             o.slots,
@@ -164,8 +177,15 @@ func bench(ctx context.Context, mode string, o *options, stderr io.Writer) (any,
 		FetchPollInterval: o.fetchPollInterval,
 		Logger:            logger,
 	}
-	if mode == "throughput" {
+	switch mode {
+	case "throughput":
 		return riverbench.Throughput(ctx, pool, rc)
+	case "cpu":
+		if o.rate < 0 || o.duration <= 0 {
+			return nil, errors.New("cpu: --rate must be 0 (peak) or more, --duration positive")
+		}
+		rc.Rate = max(o.rate, 0)
+		return riverbench.CPU(ctx, pool, rc, o.rate, o.duration)
 	}
 	return riverbench.Latency(ctx, pool, rc)
 }
@@ -175,6 +195,13 @@ func text(res any) string {
 	case *riverbench.ThroughputResult:
 		return fmt.Sprintf("river %s throughput: %d rows, %d slots: %.0f rows/s (%.2f s; fetch cooldown %gms)",
 			r.RiverVersion, r.Rows, r.Slots, r.RowsPerSec, r.ElapsedMS/1000, r.FetchCooldownMS)
+	case *riverbench.CPUResult:
+		rate := "at peak"
+		if r.Rate > 0 {
+			rate = fmt.Sprintf("at %g rows/s", r.Rate)
+		}
+		return fmt.Sprintf("river %s cpu: %d rows %s, %d slots (%.0f rows/s): server CPU %.3f ms per row, worker process %.3f ms, WAL %.0f bytes, %.2f transactions",
+			r.RiverVersion, r.Rows, rate, r.Slots, r.RowsPerSec, r.ServerCPUMSPerRow, r.WorkerCPUMSPerRow, r.WALBytesPerRow, r.XactsPerRow)
 	case *riverbench.LatencyResult:
 		return fmt.Sprintf("river %s latency: %d rows at %g/s, %d slots: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms "+
 			"(from commit; from send p50 %.1f ms, p99 %.1f ms; fetch cooldown %gms)",

@@ -1,0 +1,135 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// clockTicks is the unit of the CPU times in /proc/PID/stat (USER_HZ). Linux
+// fixes it at 100 for user space on every architecture it supports.
+const clockTicks = 100
+
+const sqlServerProcess = `SELECT pg_backend_pid(), extract(epoch FROM pg_postmaster_start_time())::float8`
+
+// serverCPU reads the CPU time spent by a PostgreSQL server running on this
+// machine: its postmaster and every process it started, live or ended.
+type serverCPU struct {
+	postmaster int
+}
+
+// findServerCPU finds the postmaster of the server behind the bench's pool
+// in /proc: the parent of a backend, checked against the server's own start
+// time so that a server on another machine (or in another PID namespace) is
+// never taken for a local process that happens to have that PID.
+func (b *Bench) findServerCPU(ctx context.Context) (*serverCPU, error) {
+	var backend int
+	var started float64
+	if err := b.pool.QueryRow(ctx, sqlServerProcess).Scan(&backend, &started); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	st, err := readStat(backend)
+	if err != nil {
+		return nil, fmt.Errorf("bench: the server's CPU is read from /proc, and its backend %d is not a process here "+
+			"(run the benchmark on the database's machine): %w", backend, err)
+	}
+	pm, err := readStat(st.ppid)
+	if err != nil {
+		return nil, fmt.Errorf("bench: the postmaster %d: %w", st.ppid, err)
+	}
+	boot, err := bootTime()
+	if err != nil {
+		return nil, err
+	}
+	at := boot + float64(pm.start)/clockTicks
+	if d := at - started; d < -2 || d > 2 {
+		return nil, fmt.Errorf("bench: process %d started at %.0f, the server at %.0f: it is not the server's postmaster "+
+			"(run the benchmark on the database's machine)", st.ppid, at, started)
+	}
+	return &serverCPU{postmaster: st.ppid}, nil
+}
+
+// total is the CPU time of the postmaster, of its children that ended (which
+// it has waited for) and of those alive now.
+func (s *serverCPU) total() (time.Duration, error) {
+	pm, err := readStat(s.postmaster)
+	if err != nil {
+		return 0, fmt.Errorf("bench: the server's postmaster: %w", err)
+	}
+	ticks := pm.utime + pm.stime + pm.cutime + pm.cstime
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil || st.ppid != s.postmaster {
+			continue // gone meanwhile, or not the server's
+		}
+		ticks += st.utime + st.stime
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// procStat holds the fields of /proc/PID/stat the bench reads, in clock ticks.
+type procStat struct {
+	ppid                         int
+	utime, stime, cutime, cstime int64
+	start                        int64 // since boot
+}
+
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, err
+	}
+	// The command name, in parentheses, may hold spaces: the fields follow its last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return procStat{}, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state): field n is f[n-3].
+	if len(f) < 20 {
+		return procStat{}, errors.New("short /proc stat")
+	}
+	num := func(n int) int64 {
+		v, _ := strconv.ParseInt(f[n-3], 10, 64)
+		return v
+	}
+	return procStat{ppid: int(num(4)), utime: num(14), stime: num(15), cutime: num(16), cstime: num(17), start: num(22)}, nil
+}
+
+// bootTime is when the machine booted, in seconds since the epoch.
+func bootTime() (float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, errors.New("bench: no btime in /proc/stat")
+}
+
+// selfCPU is the CPU time of this process so far: the worker runtime, and
+// the benchmark's own producer beside it.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -1,0 +1,126 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// LatencySteps are the parts of a pickup, each summarised over the rows.
+type LatencySteps struct {
+	// Traced is how many rows every step was found for.
+	Traced int `json:"traced"`
+	// CommitToNotify: the insert's commit returned → the notification
+	// reached the listener.
+	CommitToNotify Percentiles `json:"commit_to_notify"`
+	// NotifyToClaim: the notification → the claim query was sent.
+	NotifyToClaim Percentiles `json:"notify_to_claim"`
+	// Claim: the claim query was sent → its answer came back.
+	Claim Percentiles `json:"claim"`
+	// ClaimToHandler: the claim's answer → the handler started.
+	ClaimToHandler Percentiles `json:"claim_to_handler"`
+}
+
+// pickupTrace records, for Latency, when notifications reached the worker's
+// listener and when each claim query was sent and answered. It is the
+// benchmark's: the worker runtime knows nothing of it.
+type pickupTrace struct {
+	mu     sync.Mutex
+	notify []time.Time
+	claims []span // in the order they ended
+}
+
+type span struct{ sent, answered time.Time }
+
+type traceKey struct{}
+
+func newPickupTrace() *pickupTrace { return &pickupTrace{} }
+
+// tracedPool is workerPool with t tracing its claim queries.
+func (b *Bench) tracedPool(ctx context.Context, conns int, t *pickupTrace) (*pgxpool.Pool, error) {
+	cfg := b.pool.Config().Copy()
+	cfg.MaxConns = int32(max(conns, 1))
+	cfg.MinConns = 0
+	cfg.ConnConfig.Tracer = t
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("bench: open a pool for the worker: %w", err)
+	}
+	return pool, nil
+}
+
+// TraceQueryStart notes when a claim query is sent.
+func (t *pickupTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(d.SQL, "files.claim") {
+		return ctx
+	}
+	return context.WithValue(ctx, traceKey{}, time.Now())
+}
+
+// TraceQueryEnd notes when its answer came back: pgx ends the trace once
+// the rows are read.
+func (t *pickupTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	sent, ok := ctx.Value(traceKey{}).(time.Time)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	t.mu.Lock()
+	t.claims = append(t.claims, span{sent: sent, answered: now})
+	t.mu.Unlock()
+}
+
+// notifications records each ring of bell until ctx ends.
+func (t *pickupTrace) notifications(ctx context.Context, bell <-chan struct{}) {
+	for {
+		select {
+		case <-bell:
+			now := time.Now()
+			t.mu.Lock()
+			t.notify = append(t.notify, now)
+			t.mu.Unlock()
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// steps matches each row from first on with the first notification after
+// its insert was sent, and with the last claim answered before its handler
+// started (the one that returned it).
+func (t *pickupTrace) steps(in *inserts, starts *pickups, first int) *LatencySteps {
+	t.mu.Lock()
+	notify := slices.Clone(t.notify)
+	claims := slices.Clone(t.claims)
+	t.mu.Unlock()
+	slices.SortFunc(notify, func(a, b time.Time) int { return a.Compare(b) })
+	slices.SortFunc(claims, func(a, b span) int { return a.answered.Compare(b.answered) })
+	var c2n, n2c, cl, c2h []time.Duration
+	for seq := first; seq < len(in.ids); seq++ {
+		h, ok := starts.at(in.ids[seq])
+		if !ok {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(notify, in.sent[seq], func(a, b time.Time) int { return a.Compare(b) })
+		j, _ := slices.BinarySearchFunc(claims, h, func(a span, b time.Time) int { return a.answered.Compare(b) })
+		if i >= len(notify) || j == 0 {
+			continue
+		}
+		n, c := notify[i], claims[j-1]
+		if n.After(h) || c.sent.Before(in.sent[seq]) {
+			continue // not this row's: a notification or claim of another
+		}
+		c2n = append(c2n, n.Sub(in.committed[seq]))
+		n2c = append(n2c, c.sent.Sub(n))
+		cl = append(cl, c.answered.Sub(c.sent))
+		c2h = append(c2h, h.Sub(c.answered))
+	}
+	return &LatencySteps{Traced: len(cl), CommitToNotify: percentiles(c2n), NotifyToClaim: percentiles(n2c),
+		Claim: percentiles(cl), ClaimToHandler: percentiles(c2h)}
+}
