@@ -176,7 +176,7 @@ COMMENT ON COLUMN files.queue_stats.finished_last_minute IS
 COMMENT ON COLUMN files.queue_stats.finished_last_hour IS 'Rows that reached this terminal state in the last hour.';
 
 -- Over the recent history only: the attempts of the last hour among the
--- newest 20,000, one range of files.attempts' primary key (attempts are
+-- newest 10,000, one range of files.attempts' primary key (attempts are
 -- written at their outcome), summed per slot before they meet files.workers.
 -- Its cost is bounded however long the history and however large the fleet.
 CREATE VIEW files.worker_metrics AS
@@ -189,7 +189,7 @@ WITH recent AS (
            avg(a.duration) FILTER (WHERE a.outcome IN ('done', 'failed')) AS mean_duration,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration)
                FILTER (WHERE a.outcome IN ('done', 'failed')) AS p95_duration
-    FROM (SELECT x.worker_id, x.outcome, x.duration, x.finished_at FROM files.attempts x ORDER BY x.id DESC LIMIT 20000) a
+    FROM (SELECT x.worker_id, x.outcome, x.duration, x.finished_at FROM files.attempts x ORDER BY x.id DESC LIMIT 10000) a
     WHERE a.finished_at > now() - interval '1 hour'
     GROUP BY 1
 )
@@ -209,7 +209,7 @@ SELECT w.worker_id,
 FROM files.workers w
 LEFT JOIN recent r ON r.worker_id = w.worker_id COLLATE "C";
 COMMENT ON VIEW files.worker_metrics IS
-    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 20,000): attempts carried to an '
+    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 10,000): attempts carried to an '
     'outcome (processed = done + failed), lost attempts, failure rate, mean and p95 processing time, last seen.';
 COMMENT ON COLUMN files.worker_metrics.worker_id IS 'Slot identity.';
 COMMENT ON COLUMN files.worker_metrics.node IS 'Host name of the worker node.';

@@ -30,7 +30,7 @@ COMMENT ON COLUMN files.scaling_settings.slots_per_node IS
     'Slots of one node. NULL: measured from the live workers (active slots per process), else taken from the most recently started process, else 1.';
 COMMENT ON COLUMN files.scaling_settings.sample_window IS
     'Attempts that ended (done or failed) within this window, among the newest 50 per live slot of the fleet (at most '
-    '10,000), give the mean attempt time.';
+    '5,000), give the mean attempt time.';
 
 -- +goose StatementBegin
 CREATE FUNCTION files.scaling_hint(target_drain interval DEFAULT NULL, min_nodes integer DEFAULT NULL, max_nodes integer DEFAULT NULL)
@@ -87,7 +87,7 @@ backlog AS (
 -- Attempts carried to an outcome within the window, among the newest 50 per
 -- slot that can have recorded them. files.attempts is written at the outcome,
 -- so its primary key follows finished_at and its highest ids are the recent
--- history: one range of the primary key, of at most 10,000 attempts however
+-- history: one range of the primary key, of at most 5,000 attempts however
 -- large and busy the fleet and however long its history. Time per attempt is
 -- claim to outcome: what a slot is busy with, transfers included.
 recent AS (
@@ -101,7 +101,7 @@ recent AS (
     CROSS JOIN LATERAL (
         SELECT coalesce(x.queue, (SELECT f.queue FROM files.files f WHERE f.id = x.file_id)) AS queue,
                extract(epoch FROM x.finished_at - x.started_at) AS busy_s
-        FROM (SELECT y.* FROM files.attempts y ORDER BY y.id DESC LIMIT least(50 * w.slots, 10000)) x
+        FROM (SELECT y.file_id, y.queue, y.started_at, y.finished_at, y.outcome FROM files.attempts y ORDER BY y.id DESC LIMIT least(50 * w.slots, 5000)) x
         WHERE x.finished_at > now() - s.sample_window AND x.outcome IN ('done', 'failed')
     ) a
     GROUP BY a.queue
@@ -202,7 +202,7 @@ COMMENT ON COLUMN files.scaling_hint.scheduled IS 'Of the pending rows, those wa
 COMMENT ON COLUMN files.scaling_hint.running IS 'Rows being worked on.';
 COMMENT ON COLUMN files.scaling_hint.oldest_pending_age IS 'Age of the oldest pending row.';
 COMMENT ON COLUMN files.scaling_hint.recent_attempts IS
-    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet, at most 10,000).';
+    'Attempts that ended done or failed within the sample window (among the newest 50 per live slot of the fleet, at most 5,000).';
 COMMENT ON COLUMN files.scaling_hint.mean_attempt_time IS
     'Mean time from claim to outcome of those attempts (the fleet''s when the queue has none); NULL when nothing ended within the window.';
 COMMENT ON COLUMN files.scaling_hint.nodes IS 'Worker processes (one per node) with an active slot serving the queue.';

@@ -1,5 +1,5 @@
 -- How each worker slot performs lately (its attempts of the last hour, among the
--- fleet's newest 20,000): processed, failed, failure rate, mean and p95 time.
+-- fleet's newest 10,000): processed, failed, failure rate, mean and p95 time.
 --   psql "$DATABASE_URL" -f sql/ops/worker_metrics.sql
 \pset null '-'
 SELECT worker_id, node, state, processed, done, failed, lost, failure_rate,
