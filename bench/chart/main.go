@@ -11,7 +11,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"image/color"
@@ -51,6 +50,7 @@ type run struct {
 func main() {
 	out := flag.String("o", "soak.png", "the PNG `file` to write")
 	width := flag.Float64("width", 9, "width in inches (at 100 dpi)")
+	mode := flag.String("mode", "", "draw the last result of this `mode` (soak, long-tx; default: the last with samples)")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: chart [-o FILE.png] RESULT.json\n\nDraws the samples of the last soak or long-tx result in RESULT.json (one JSON object a line).")
 		flag.PrintDefaults()
@@ -60,14 +60,14 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := draw1(flag.Arg(0), *out, *width); err != nil {
+	if err := drawRun(flag.Arg(0), *mode, *out, *width); err != nil {
 		fmt.Fprintln(os.Stderr, "chart:", err)
 		os.Exit(1)
 	}
 }
 
-func draw1(in, out string, width float64) error {
-	r, err := lastRun(in)
+func drawRun(in, mode, out string, width float64) error {
+	r, err := lastRun(in, mode)
 	if err != nil {
 		return err
 	}
@@ -111,8 +111,9 @@ func draw1(in, out string, width float64) error {
 	return f.Close()
 }
 
-// lastRun reads the last result with samples in the file.
-func lastRun(path string) (*run, error) {
+// lastRun reads the last result of mode (any, if empty) with samples in the
+// file.
+func lastRun(path, mode string) (*run, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -123,7 +124,7 @@ func lastRun(path string) (*run, error) {
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
 		var r run
-		if json.Unmarshal(sc.Bytes(), &r) == nil && len(r.Samples) > 0 {
+		if json.Unmarshal(sc.Bytes(), &r) == nil && len(r.Samples) > 0 && (mode == "" || r.Mode == mode) {
 			last = &r
 		}
 	}
@@ -131,7 +132,7 @@ func lastRun(path string) (*run, error) {
 		return nil, err
 	}
 	if last == nil {
-		return nil, errors.New(path + " holds no result with samples (run pgworker bench soak or long-tx with --json)")
+		return nil, fmt.Errorf("%s holds no %s result with samples (run pgworker bench soak or long-tx with --json)", path, mode)
 	}
 	return last, nil
 }
