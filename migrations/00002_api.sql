@@ -178,9 +178,13 @@ BEGIN
                     UNION ALL
                     SELECT * FROM (
                         SELECT f.id, f.priority FROM files.files f
-                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority = coalesce(q.hp, 2147483647)
+                        -- A range, not "priority = ...": an equality makes the order
+                        -- by id alone, which a generic plan may take from the
+                        -- primary key, from the hint to the end of the table.
+                        WHERE f.state = 'pending' AND f.queue = q.name
+                          AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
                           AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
-                        ORDER BY f.id
+                        ORDER BY f.priority DESC, f.id
                         LIMIT pick.n
                         FOR UPDATE SKIP LOCKED) here
                     UNION ALL
