@@ -403,9 +403,20 @@ func TestSoak(t *testing.T) {
 	}
 	cleanedUp(t, pool)
 
-	// Pruning needs files.prune(); without it the soak does not start.
-	if _, err := b.Soak(context.Background(), &bench.SoakConfig{Duration: time.Second, PruneEvery: time.Second}); err == nil ||
-		!strings.Contains(err.Error(), "files.prune()") {
-		t.Errorf("soak with pruning and no files.prune(): %v", err)
+	// Pruning needs retention (files.prune, files.keep_queue); without it
+	// the soak does not start, with it every such run prunes.
+	var retention bool
+	if err := pool.QueryRow(context.Background(), "SELECT to_regproc('files.prune') IS NOT NULL").Scan(&retention); err != nil {
+		t.Fatal(err)
 	}
+	res, err = b.Soak(context.Background(), &bench.SoakConfig{Duration: time.Second, Rate: 100, Slots: 2, PruneEvery: time.Second})
+	switch {
+	case !retention && (err == nil || !strings.Contains(err.Error(), "files.prune")):
+		t.Errorf("soak with pruning and no files.prune: %v", err)
+	case retention && err != nil:
+		t.Errorf("soak with pruning: %v", err)
+	case retention && res.PruneCalls < 1:
+		t.Errorf("soak with pruning made %d prune calls", res.PruneCalls)
+	}
+	cleanedUp(t, pool)
 }

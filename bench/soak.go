@@ -17,10 +17,14 @@ type SoakConfig struct {
 	MaxConns int
 	// SampleEvery is the sampling interval. Defaults to 10s.
 	SampleEvery time.Duration
-	// PruneEvery calls files.prune() at this interval, as retention would;
-	// the database must have it. Defaults to 0: no pruning by the benchmark
-	// (workers that prune by themselves still do).
+	// PruneEvery calls files.prune at this interval (and once at the end),
+	// as retention's pruner would; the database must have it. Defaults to
+	// 0: no pruning by the benchmark (workers that prune by themselves
+	// still do).
 	PruneEvery time.Duration
+	// Keep is, with PruneEvery, how long done rows of Queue are kept
+	// (files.keep_queue) before files.prune deletes them. Defaults to 1m.
+	Keep time.Duration
 	// Drain bounds the wait, at the end, for the rows still waiting.
 	// Defaults to 5m.
 	Drain time.Duration
@@ -34,10 +38,13 @@ type SoakResult struct {
 	MaxConns    int     `json:"max_conns"`
 	Rate        float64 `json:"rate"`
 	DurationSec float64 `json:"duration_sec"`
-	// PruneEverySec is the interval of files.prune() calls (0: none), and
-	// PruneCalls how many succeeded.
+	// PruneEverySec is the interval of files.prune calls (0: none),
+	// KeepSec how long done rows were kept, PruneCalls how many calls
+	// succeeded and PrunedRows the rows they deleted.
 	PruneEverySec float64     `json:"prune_every_sec"`
+	KeepSec       float64     `json:"keep_sec,omitempty"`
 	PruneCalls    int64       `json:"prune_calls"`
+	PrunedRows    int64       `json:"pruned_rows"`
 	Rows          int64       `json:"rows"`
 	Summary       PhaseResult `json:"summary"`
 	Samples       []Sample    `json:"samples"`
@@ -46,7 +53,7 @@ type SoakResult struct {
 // Soak runs a producer at cfg.Rate rows per second and a worker of
 // cfg.Slots slots for cfg.Duration, sampling throughput, pickup times,
 // depth and the table's sizes and dead tuples: a queue that lasts keeps
-// these lines flat. bench/cmd/benchchart draws the samples.
+// these lines flat. bench/chart draws the samples.
 func (b *Bench) Soak(ctx context.Context, cfg *SoakConfig) (*SoakResult, error) {
 	c := SoakConfig{}
 	if cfg != nil {
@@ -58,9 +65,13 @@ func (b *Bench) Soak(ctx context.Context, cfg *SoakConfig) (*SoakResult, error) 
 	c.MaxConns = orDefault(c.MaxConns, 8)
 	c.SampleEvery = orDefault(c.SampleEvery, 10*time.Second)
 	c.Drain = orDefault(c.Drain, 5*time.Minute)
+	c.Keep = orDefault(c.Keep, time.Minute)
+	if c.PruneEvery <= 0 {
+		c.Keep = 0
+	}
 	out, err := b.steady(ctx, steadyConfig{
 		mode: "soak", slots: c.Slots, maxConns: c.MaxConns, rate: c.Rate,
-		sampleEvery: c.SampleEvery, pruneEvery: c.PruneEvery, drain: c.Drain,
+		sampleEvery: c.SampleEvery, pruneEvery: c.PruneEvery, keep: c.Keep, drain: c.Drain,
 		phases: []steadyPhase{{name: "soak", duration: c.Duration}},
 	})
 	if err != nil {
@@ -68,7 +79,8 @@ func (b *Bench) Soak(ctx context.Context, cfg *SoakConfig) (*SoakResult, error) 
 	}
 	return &SoakResult{
 		Setup: b.setup("soak"), Slots: c.Slots, MaxConns: c.MaxConns, Rate: c.Rate, DurationSec: c.Duration.Seconds(),
-		PruneEverySec: c.PruneEvery.Seconds(), PruneCalls: out.pruned, Rows: out.rows,
+		PruneEverySec: c.PruneEvery.Seconds(), KeepSec: c.Keep.Seconds(), PruneCalls: out.pruned, PrunedRows: out.deleted,
+		Rows:    out.rows,
 		Summary: out.phases[0], Samples: out.samples,
 	}, nil
 }

@@ -25,9 +25,15 @@ SELECT $1, $2 || g, 1 FROM generate_series($3::bigint, $4::bigint) AS g`
        pg_relation_size('files.files'), pg_indexes_size('files.files'),
        pg_relation_size('files.files_claim_idx')
 FROM pg_stat_user_tables s WHERE s.relid = 'files.files'::regclass`
-	sqlPruneExists = `SELECT to_regprocedure('files.prune()') IS NOT NULL`
-	sqlPrune       = `SELECT files.prune()`
+	sqlPruneExists = `SELECT to_regproc('files.prune') IS NOT NULL AND to_regprocedure('files.keep_queue(text, interval, interval)') IS NOT NULL`
+	sqlNotDone     = `SELECT count(*) FROM files.files WHERE queue = $1 AND state <> 'done'`
+	sqlKeepQueue   = `SELECT files.keep_queue($1, $2::interval, $2::interval)`
+	sqlPrune       = `SELECT coalesce(sum(p.rows), 0)::bigint FROM files.prune(max_rows => $1) AS p`
 )
+
+// pruneBatch is the rows one call of files.prune deletes at most; the
+// pruner calls it again while it deletes that many.
+const pruneBatch = 10_000
 
 // steadyTick is how often the producer looks at the clock or the depth.
 const steadyTick = 10 * time.Millisecond
@@ -113,6 +119,7 @@ type steadyConfig struct {
 	depth       int     // peak mode: the backlog the producer keeps
 	sampleEvery time.Duration
 	pruneEvery  time.Duration // 0: no prune
+	keep        time.Duration // with pruneEvery: how long done rows are kept
 	drain       time.Duration
 	phases      []steadyPhase
 }
@@ -122,7 +129,8 @@ type steadyResult struct {
 	phases  []PhaseResult
 	samples []Sample
 	rows    int64
-	pruned  int64
+	pruned  int64 // prune calls
+	deleted int64 // rows they deleted
 }
 
 // steadyHandler is the steady modes' no-op handler: it counts the rows it
@@ -214,7 +222,10 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 				return fmt.Errorf("bench: %w", err)
 			}
 			if !ok {
-				return errors.New("bench: pruning asked for, and the database has no files.prune() (migrate to a version with retention)")
+				return errors.New("bench: pruning asked for, and the database has no files.prune() and files.keep_queue (migrate to a version with retention)")
+			}
+			if _, err := b.pool.Exec(ctx, sqlKeepQueue, Queue, c.keep); err != nil {
+				return fmt.Errorf("bench: files.keep_queue: %w", err)
 			}
 		}
 		var track string
@@ -258,10 +269,10 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		defer stopProducer()
 		perr := make(chan error, 1)
 		go func() { perr <- prod.run(ctx, pctx.Done()) }()
-		var pruned atomic.Int64
+		pr := &pruner{b: b, pool: side}
 		var pruning sync.WaitGroup
 		if c.pruneEvery > 0 {
-			pruning.Go(func() { b.prune(pctx, side, c.pruneEvery, &pruned) })
+			pruning.Go(func() { pr.every(pctx, c.pruneEvery) })
 		}
 
 		s := &sampler{b: b, h: h, w: w, outcomes: outcomes, prod: prod, t0: time.Now()}
@@ -277,10 +288,16 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		}
 		stopProducer()
 		pruning.Wait()
-		res.pruned = pruned.Load()
 		if err := <-perr; err != nil {
 			return err
 		}
+		if c.pruneEvery > 0 {
+			// A last call, so that every run with pruning has pruned.
+			if err := pr.prune(ctx); err != nil {
+				return err
+			}
+		}
+		res.pruned, res.deleted = pr.calls, pr.deleted
 		res.samples = s.samples
 		res.rows = prod.inserted.Load()
 		b.logger.Info("bench: draining", "rows", res.rows, "left", res.rows-int64(outcomes.count()))
@@ -288,6 +305,17 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		defer cancel()
 		if err := outcomes.wait(dctx, uint64(res.rows)); err != nil {
 			return fmt.Errorf("bench: the backlog did not drain within %s: %w", c.drain, err)
+		}
+		if c.pruneEvery > 0 {
+			// Workers may prune too: what is left must all be done.
+			var left int64
+			if err := b.pool.QueryRow(ctx, sqlNotDone, Queue).Scan(&left); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			if left > 0 {
+				return fmt.Errorf("bench: %d rows of %d did not end done", left, res.rows)
+			}
+			return nil
 		}
 		return b.outcomes(ctx, int(res.rows))
 	})
@@ -360,10 +388,17 @@ func holdSnapshot(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
 	return tx, nil
 }
 
-// prune calls files.prune() every interval until ctx ends, counting the
-// calls; a failed call is logged.
-func (b *Bench) prune(ctx context.Context, pool *pgxpool.Pool, every time.Duration, calls *atomic.Int64) {
-	t := time.NewTicker(every)
+// pruner calls files.prune as retention's pruner would, and counts.
+type pruner struct {
+	b       *Bench
+	pool    *pgxpool.Pool
+	calls   int64
+	deleted int64
+}
+
+// every prunes at each interval until ctx ends; a failed call is logged.
+func (p *pruner) every(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -371,11 +406,24 @@ func (b *Bench) prune(ctx context.Context, pool *pgxpool.Pool, every time.Durati
 		case <-ctx.Done():
 			return
 		}
-		if _, err := pool.Exec(ctx, sqlPrune); err != nil && ctx.Err() == nil {
-			b.logger.Warn("bench: files.prune()", "error", err)
-			continue
+		if err := p.prune(ctx); err != nil && ctx.Err() == nil {
+			p.b.logger.Warn("bench: files.prune", "error", err)
 		}
-		calls.Add(1)
+	}
+}
+
+// prune calls files.prune until a call deletes less than a batch.
+func (p *pruner) prune(ctx context.Context) error {
+	for {
+		var n int64
+		if err := p.pool.QueryRow(ctx, sqlPrune, pruneBatch).Scan(&n); err != nil {
+			return fmt.Errorf("bench: files.prune: %w", err)
+		}
+		p.calls++
+		p.deleted += n
+		if n < pruneBatch {
+			return nil
+		}
 	}
 }
 

@@ -184,10 +184,13 @@ Runs a producer at --rate rows per second and a worker runtime of --slots
 slots (no-op handler) for --duration, sampling every --sample-every the
 rows/s, pickup p50 and p99, depth, and files.files' dead tuples and table and
 index sizes: the lines of a queue that lasts stay flat. --prune-every calls
-files.prune() at that interval, as retention would (the database must have
-it). At the end it waits for the backlog to drain and checks every row ended
-done. JSON: summary (as a phase of long-tx) and samples; go run
-./bench/cmd/benchchart draws the samples as a PNG chart.`,
+files.prune at that interval and once at the end, as retention's pruner
+would, with the done rows of queue pgworker-bench kept for --keep
+(files.keep_queue; the database must have retention). At the end it waits
+for the backlog to drain and checks every row left ended done. JSON: summary
+(as a phase of long-tx), prune_calls, pruned_rows and samples; bench/chart
+(cd bench/chart && go run . -mode soak RESULT.json) draws the samples as a
+PNG.`,
 		examples: "pgworker bench soak --duration 30m --rate 500\npgworker bench soak --duration 5m --rate 200 --prune-every 30s --json",
 	},
 }
@@ -263,7 +266,7 @@ type benchFlags struct {
 	rate, present                                                     float64
 	noKey                                                             bool
 	depths, execCmd, inputStore, outputStore                          string
-	interval, phase, sampleEvery, pruneEvery, duration                time.Duration
+	interval, phase, sampleEvery, pruneEvery, duration, keep          time.Duration
 	depthList                                                         []int // parsed from depths
 }
 
@@ -321,7 +324,8 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.slots, "slots", 16, "`N` slots of the worker")
 		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
 		fs.DurationVar(&f.sampleEvery, "sample-every", 10*time.Second, "sampling interval")
-		fs.DurationVar(&f.pruneEvery, "prune-every", 0, "call files.prune() at this interval (0: never)")
+		fs.DurationVar(&f.pruneEvery, "prune-every", 0, "call files.prune at this interval, and once at the end (0: never)")
+		fs.DurationVar(&f.keep, "keep", time.Minute, "with --prune-every: keep done rows this long (files.keep_queue)")
 	}
 }
 
@@ -369,8 +373,8 @@ func (f *benchFlags) check(fs *flagSet) error {
 				return usagef("--%s must be at least 1s", d.name)
 			}
 		}
-		if f.pruneEvery < 0 {
-			return usagef("--prune-every must not be negative")
+		if f.pruneEvery < 0 || f.keep < 0 {
+			return usagef("--prune-every and --keep must not be negative")
 		}
 		if need := f.phase*3 + f.duration + 10*time.Minute; f.timeout < need {
 			return usagef("--timeout %s is shorter than the run needs (at least %s)", f.timeout, need)
@@ -416,7 +420,7 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 			Phase: f.phase, SampleEvery: f.sampleEvery})
 	case "soak":
 		return b.Soak(ctx, &bench.SoakConfig{Duration: f.duration, Rate: f.rate, Slots: f.slots, MaxConns: f.maxConns,
-			SampleEvery: f.sampleEvery, PruneEvery: f.pruneEvery})
+			SampleEvery: f.sampleEvery, PruneEvery: f.pruneEvery, Keep: f.keep})
 	}
 	return nil, usagef("unknown bench mode %q: say %s", f.mode, benchModeOrder)
 }
