@@ -36,9 +36,13 @@ type LongTxResult struct {
 	Rate     float64 `json:"rate"`  // 0 in peak mode
 	Depth    int     `json:"depth"` // 0 at a fixed rate
 	PhaseSec float64 `json:"phase_sec"`
-	// Rows is the rows inserted in all; every one ended done.
-	Rows   int64         `json:"rows"`
-	Phases []PhaseResult `json:"phases"`
+	// Rows is the rows inserted in all; every one ended done unless
+	// Undrained says otherwise.
+	Rows int64 `json:"rows"`
+	// Undrained is the rows still not done when the wait for the backlog
+	// gave up after the last phase (their outcomes were not checked).
+	Undrained int64         `json:"undrained,omitempty"`
+	Phases    []PhaseResult `json:"phases"`
 	// HeldOverClean is the idle-in-tx phase's rows/s over the clean
 	// phase's; RecoveryOverClean the recovery phase's.
 	HeldOverClean     float64  `json:"held_over_clean"`
@@ -83,7 +87,7 @@ func (b *Bench) LongTx(ctx context.Context, cfg *LongTxConfig) (*LongTxResult, e
 	}
 	res := &LongTxResult{
 		Setup: b.setup("long-tx"), Slots: c.Slots, MaxConns: c.MaxConns, Rate: c.Rate, Depth: c.Depth,
-		PhaseSec: c.Phase.Seconds(), Rows: out.rows, Phases: out.phases, Samples: out.samples,
+		PhaseSec: c.Phase.Seconds(), Rows: out.rows, Undrained: out.undrained, Phases: out.phases, Samples: out.samples,
 	}
 	if clean := out.phases[0].RowsPerSec; clean > 0 {
 		res.HeldOverClean = round(out.phases[1].RowsPerSec/clean, 3)

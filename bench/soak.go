@@ -41,13 +41,16 @@ type SoakResult struct {
 	// PruneEverySec is the interval of files.prune calls (0: none),
 	// KeepSec how long done rows were kept, PruneCalls how many calls
 	// succeeded and PrunedRows the rows they deleted.
-	PruneEverySec float64     `json:"prune_every_sec"`
-	KeepSec       float64     `json:"keep_sec,omitempty"`
-	PruneCalls    int64       `json:"prune_calls"`
-	PrunedRows    int64       `json:"pruned_rows"`
-	Rows          int64       `json:"rows"`
-	Summary       PhaseResult `json:"summary"`
-	Samples       []Sample    `json:"samples"`
+	PruneEverySec float64 `json:"prune_every_sec"`
+	KeepSec       float64 `json:"keep_sec,omitempty"`
+	PruneCalls    int64   `json:"prune_calls"`
+	PrunedRows    int64   `json:"pruned_rows"`
+	Rows          int64   `json:"rows"`
+	// Undrained is the rows still not done when the wait for the backlog
+	// gave up after the last phase (their outcomes were not checked).
+	Undrained int64       `json:"undrained,omitempty"`
+	Summary   PhaseResult `json:"summary"`
+	Samples   []Sample    `json:"samples"`
 }
 
 // Soak runs a producer at cfg.Rate rows per second and a worker of
@@ -80,7 +83,6 @@ func (b *Bench) Soak(ctx context.Context, cfg *SoakConfig) (*SoakResult, error) 
 	return &SoakResult{
 		Setup: b.setup("soak"), Slots: c.Slots, MaxConns: c.MaxConns, Rate: c.Rate, DurationSec: c.Duration.Seconds(),
 		PruneEverySec: c.PruneEvery.Seconds(), KeepSec: c.Keep.Seconds(), PruneCalls: out.pruned, PrunedRows: out.deleted,
-		Rows:    out.rows,
-		Summary: out.phases[0], Samples: out.samples,
+		Rows: out.rows, Undrained: out.undrained, Summary: out.phases[0], Samples: out.samples,
 	}, nil
 }

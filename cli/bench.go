@@ -527,7 +527,11 @@ func benchText(res any) string {
 		if r.Depth > 0 {
 			load = fmt.Sprintf("keeping %d rows waiting", r.Depth)
 		}
-		fmt.Fprintf(&b, "long-tx: %s, %d slots, phases of %gs; %d rows, all done\n", load, r.Slots, r.PhaseSec, r.Rows)
+		done := "all done"
+		if r.Undrained > 0 {
+			done = fmt.Sprintf("%d not done when the drain gave up", r.Undrained)
+		}
+		fmt.Fprintf(&b, "long-tx: %s, %d slots, phases of %gs; %d rows, %s\n", load, r.Slots, r.PhaseSec, r.Rows, done)
 		for _, p := range r.Phases {
 			fmt.Fprintf(&b, "  %-10s %7.0f rows/s, pickup p50 %.1f ms p99 %.1f ms, depth at end %d (max %d), claim %.3f ms, "+
 				"dead tuples %d, table %s, claim index %s\n", p.Name, p.RowsPerSec, p.Pickup.P50MS, p.Pickup.P99MS,
