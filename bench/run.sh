@@ -80,7 +80,7 @@ pgworker bench pipeline --rows 4000 --rounds 8 --slots 8 --input-store s3://pgwo
 pgworker bench long-tx --rate 1000 --slots 16 --phase 90s --json
 pgworker bench long-tx --depth 2000 --slots 16 --phase 60s --json
 prune=
-if [ "$("$psql" "$PGWORKER_DATABASE_URL" -Atc "SELECT to_regprocedure('files.prune()') IS NOT NULL")" = t ]; then
+if [ "$("$psql" "$PGWORKER_DATABASE_URL" -Atc "SELECT to_regproc('files.prune') IS NOT NULL")" = t ]; then
 	prune="--prune-every 1m"
 fi
 # shellcheck disable=SC2086 # $prune is empty or two words
