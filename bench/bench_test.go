@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -388,4 +389,85 @@ func TestNoSchema(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "pgworker migrate up") {
 		t.Errorf("Herd without the schema: %v", err)
 	}
+}
+
+func TestLongTx(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  bench.LongTxConfig
+	}{
+		{"fixed rate", bench.LongTxConfig{Rate: 200, Slots: 4, Phase: time.Second, SampleEvery: 400 * time.Millisecond}},
+		{"peak", bench.LongTxConfig{Depth: 50, Slots: 4, Phase: time.Second, SampleEvery: 400 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, pool := newBench(t, nil)
+			res, err := b.LongTx(context.Background(), &tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := shape(t, res, "long-tx")
+			positive(t, m, "rows", "slots", "phase_sec")
+			var names []string
+			for i, p := range res.Phases {
+				names = append(names, p.Name)
+				if p.HeldSnapshot != (i == 1) {
+					t.Errorf("phase %s: held_snapshot %v", p.Name, p.HeldSnapshot)
+				}
+				if p.End.TableBytes <= 0 {
+					t.Errorf("phase %s: table size %d", p.Name, p.End.TableBytes)
+				}
+			}
+			if strings.Join(names, ",") != "clean,idle-in-tx,recovery" {
+				t.Errorf("phases %v", names)
+			}
+			// Every sample belongs to a phase, in order, and the run's rows
+			// all ended done (LongTx checks it before it returns).
+			last := -1.0
+			for _, s := range res.Samples {
+				if !slices.Contains(names, s.Phase) || s.AtSec <= last {
+					t.Errorf("sample %+v after %gs", s, last)
+				}
+				last = s.AtSec
+			}
+			if len(res.Samples) < 3 {
+				t.Errorf("%d samples", len(res.Samples))
+			}
+			cleanedUp(t, pool)
+		})
+	}
+}
+
+func TestSoak(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Soak(context.Background(), &bench.SoakConfig{Duration: 1500 * time.Millisecond, Rate: 100, Slots: 2,
+		SampleEvery: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "soak")
+	positive(t, m, "rows", "rate", "duration_sec")
+	if res.Summary.Name != "soak" || len(res.Samples) < 2 || res.PruneCalls != 0 {
+		t.Errorf("summary %+v, %d samples, %d prune calls", res.Summary, len(res.Samples), res.PruneCalls)
+	}
+	cleanedUp(t, pool)
+
+	// Pruning needs retention (files.prune, files.keep_queue); without it
+	// the soak does not start, with it every such run prunes.
+	var retention bool
+	if err := pool.QueryRow(context.Background(), "SELECT to_regproc('files.prune') IS NOT NULL").Scan(&retention); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Soak(context.Background(), &bench.SoakConfig{Duration: time.Second, Rate: 100, Slots: 2, PruneEvery: time.Second})
+	switch {
+	case !retention && (err == nil || !strings.Contains(err.Error(), "files.prune")):
+		t.Errorf("soak with pruning and no files.prune: %v", err)
+	case retention && err != nil:
+		t.Errorf("soak with pruning: %v", err)
+	case retention && res.PruneCalls < 1:
+		t.Errorf("soak with pruning made %d prune calls", res.PruneCalls)
+	}
+	cleanedUp(t, pool)
 }

@@ -20,6 +20,9 @@
 //   - Enqueue: rows per second through `pgworker enqueue`'s COPY path.
 //   - Pipeline: rows per second of the download-exec-upload pipeline
 //     through the queue, beside the same pipeline with no queue at all.
+//   - LongTx: a producer and a worker through phases clean, idle-in-tx (a
+//     held REPEATABLE READ snapshot) and recovery.
+//   - Soak: a fixed rate for a long time, sampled over time.
 //
 // A Bench refuses a database that holds rows of other queues, or live
 // worker slots, unless Config.Force is set: a benchmark belongs on a scratch
@@ -39,7 +42,8 @@
 // Beside the package, the folder holds what turns its figures into
 // BENCHMARKS.md: run.sh (what `make bench` runs: every mode, and River
 // alternating with pgworker), cmd/benchreport (renders the report from the
-// modes' JSON lines), peers/ (River on the same workloads, a Go module of
+// modes' JSON lines), chart/ (draws the samples of a soak as a PNG, a Go
+// module of its own), peers/ (River on the same workloads, a Go module of
 // its own) and other-measurements.md (figures measured by other means,
 // appended to the report).
 package bench

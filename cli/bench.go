@@ -21,7 +21,7 @@ import (
 var benchCommand = &command{
 	name:    "bench",
 	args:    "MODE [flags]",
-	summary: "measure throughput, pickup latency, claim cost, herd, enqueue and pipeline speed",
+	summary: "measure throughput, pickup latency, claim cost, herd, enqueue and pipeline speed, long transactions, soaks",
 	help: `
 Measures pgworker on the database that --database-url names, with the real
 worker runtime, SQL API and enqueue path, and prints the figures with their
@@ -45,6 +45,11 @@ setup (--json: one JSON object on one line).
                metrics endpoint, the dashboard) on a long history
   pipeline     rows/s of download, program, upload through MinIO or S3,
                beside the same steps in a loop with no queue at all
+  long-tx      a producer at a fixed rate (or keeping a depth) and a worker,
+               through phases clean, idle-in-tx (a held REPEATABLE READ
+               snapshot) and recovery: rows/s, pickup, depth, dead tuples
+  soak         a fixed rate for a long time: throughput, pickup, table and
+               index sizes and dead tuples sampled over time
 
 The scratch rows go to the queue pgworker-bench, and are deleted when the
 mode ends. A benchmark belongs on a scratch database: bench refuses one that
@@ -64,7 +69,9 @@ pgworker bench latency --rows 500 --rate 50 --slots 100 --json
 pgworker bench claim-depth --depths 10k,1M
 pgworker bench herd --processes 20 --slots 50
 pgworker bench enqueue --rows 1000000
-pgworker bench pipeline --input-store s3://bench/in --output-store s3://bench/out --rows 2000 --slots 8`,
+pgworker bench pipeline --input-store s3://bench/in --output-store s3://bench/out --rows 2000 --slots 8
+pgworker bench long-tx --rate 1000 --slots 16 --phase 90s
+pgworker bench soak --duration 30m --rate 500 --prune-every 1m`,
 }
 
 var benchModes = map[string]*command{
@@ -212,10 +219,44 @@ redirection.`,
 		examples: "pgworker bench pipeline --input-store s3://bench/in --output-store s3://bench/out\n" +
 			"pgworker bench pipeline --input-store file:///tmp/in --output-store file:///tmp/out --rows 500 --json",
 	},
+	"long-tx": {
+		name: "bench long-tx", args: "[--rate R | --depth N] [--slots N] [--phase D] [--json] [flags]",
+		help: `
+Runs a producer and a worker runtime of --slots slots (one process, no-op
+handler) through three phases of --phase each: clean; idle-in-tx, where a
+REPEATABLE READ transaction on a connection of its own holds its snapshot
+open, so that no dead row of files.files can be removed; and recovery. The
+producer inserts --rate rows per second, or with --depth keeps that many rows
+waiting (peak mode: the worker runs as fast as it can). Every --sample-every
+it samples rows/s, pickup (the row's created_at to its handler's start) p50
+and p99, the depth (rows inserted and not started), and files.files' dead
+tuples and table and index sizes. At the end it waits for the backlog to
+drain and checks that every row ended done. JSON: phases (rows_per_sec,
+pickup, depth_end, depth_max, claim_ms: the server's mean time per claim,
+end: the table's statistics), held_over_clean, recovery_over_clean,
+samples.`,
+		examples: "pgworker bench long-tx --rate 1000 --slots 16\npgworker bench long-tx --depth 5000 --slots 64 --phase 60s --json",
+	},
+	"soak": {
+		name: "bench soak", args: "[--duration D] [--rate R] [--slots N] [--prune-every D] [--json] [flags]",
+		help: `
+Runs a producer at --rate rows per second and a worker runtime of --slots
+slots (no-op handler) for --duration, sampling every --sample-every the
+rows/s, pickup p50 and p99, depth, and files.files' dead tuples and table and
+index sizes: the lines of a queue that lasts stay flat. --prune-every calls
+files.prune at that interval and once at the end, as retention's pruner
+would, with the done rows of queue pgworker-bench kept for --keep
+(files.keep_queue; the database must have retention). At the end it waits
+for the backlog to drain and checks every row left ended done. JSON: summary
+(as a phase of long-tx), prune_calls, pruned_rows and samples; bench/chart
+(cd bench/chart && go run . -mode soak RESULT.json) draws the samples as a
+PNG.`,
+		examples: "pgworker bench soak --duration 30m --rate 500\npgworker bench soak --duration 5m --rate 200 --prune-every 30s --json",
+	},
 }
 
 // benchModeOrder lists the modes for messages.
-const benchModeOrder = "throughput, latency, claim-depth, skiplocked, cpu, herd, enqueue, batches, views or pipeline"
+const benchModeOrder = "throughput, latency, claim-depth, skiplocked, cpu, herd, enqueue, batches, views, pipeline, long-tx or soak"
 
 func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
@@ -281,11 +322,11 @@ type benchFlags struct {
 	timeout time.Duration
 
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
-	batches, exportRows, clients, attempts                            int
+	batches, exportRows, clients, attempts, depth                     int
 	rate, present                                                     float64
 	noKey                                                             bool
 	depths, execCmd, inputStore, outputStore, poolURL                 string
-	interval, duration                                                time.Duration
+	interval, duration, phase, sampleEvery, pruneEvery, keep          time.Duration
 	depthList                                                         []int // parsed from depths
 }
 
@@ -347,6 +388,21 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.env("input-store", "PGWORKER_INPUT_STORE")
 		fs.StringVar(&f.outputStore, "output-store", "", "`URL` for the outputs: s3://bucket/prefix or file:///dir")
 		fs.env("output-store", "PGWORKER_OUTPUT_STORE")
+	case "long-tx":
+		fs.IntVar(&f.slots, "slots", 16, "`N` slots of the worker")
+		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+		fs.Float64Var(&f.rate, "rate", 1000, "rows inserted per second (unless --depth)")
+		fs.IntVar(&f.depth, "depth", 0, "peak mode: keep `N` rows waiting instead of a fixed rate")
+		fs.DurationVar(&f.phase, "phase", 90*time.Second, "length of each phase: clean, idle-in-tx, recovery")
+		fs.DurationVar(&f.sampleEvery, "sample-every", 5*time.Second, "sampling interval")
+	case "soak":
+		fs.DurationVar(&f.duration, "duration", 30*time.Minute, "length of the run")
+		fs.Float64Var(&f.rate, "rate", 500, "rows inserted per second")
+		fs.IntVar(&f.slots, "slots", 16, "`N` slots of the worker")
+		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+		fs.DurationVar(&f.sampleEvery, "sample-every", 10*time.Second, "sampling interval")
+		fs.DurationVar(&f.pruneEvery, "prune-every", 0, "call files.prune at this interval, and once at the end (0: never)")
+		fs.DurationVar(&f.keep, "keep", time.Minute, "with --prune-every: keep done rows this long (files.keep_queue)")
 	}
 }
 
@@ -386,6 +442,27 @@ func (f *benchFlags) check(fs *flagSet) error {
 	case "enqueue":
 		if f.present < 0 || f.present >= 1 || (f.present > 0 && f.noKey) {
 			return usagef("--present must be at least 0 and below 1, without --no-key")
+		}
+	case "long-tx", "soak":
+		if f.rate <= 0 || f.rate > 100_000 {
+			return usagef("--rate must be above 0 and at most 100000 rows per second")
+		}
+		if f.depth < 0 || f.depth > 1_000_000 {
+			return usagef("--depth must be between 0 (a fixed rate) and 1000000")
+		}
+		for _, d := range []struct {
+			name string
+			v    time.Duration
+		}{{"phase", f.phase}, {"sample-every", f.sampleEvery}, {"duration", f.duration}} {
+			if fs.Lookup(d.name) != nil && d.v < time.Second {
+				return usagef("--%s must be at least 1s", d.name)
+			}
+		}
+		if f.pruneEvery < 0 || f.keep < 0 {
+			return usagef("--prune-every and --keep must not be negative")
+		}
+		if need := f.phase*3 + f.duration + 10*time.Minute; f.timeout < need {
+			return usagef("--timeout %s is shorter than the run needs (at least %s)", f.timeout, need)
 		}
 	case "herd":
 		if f.interval < 0 || f.duration < 0 {
@@ -441,6 +518,12 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 	case "pipeline":
 		return benchPipeline(ctx, b, inv.logger(), &bench.PipelineConfig{Rows: f.rows, Slots: f.slots, ObjectSize: f.size, Rounds: f.rounds, Exec: f.execCmd},
 			f.inputStore, f.outputStore)
+	case "long-tx":
+		return b.LongTx(ctx, &bench.LongTxConfig{Slots: f.slots, MaxConns: f.maxConns, Rate: f.rate, Depth: f.depth,
+			Phase: f.phase, SampleEvery: f.sampleEvery})
+	case "soak":
+		return b.Soak(ctx, &bench.SoakConfig{Duration: f.duration, Rate: f.rate, Slots: f.slots, MaxConns: f.maxConns,
+			SampleEvery: f.sampleEvery, PruneEvery: f.pruneEvery, Keep: f.keep})
 	}
 	return nil, usagef("unknown bench mode %q: say %s", f.mode, benchModeOrder)
 }
@@ -509,6 +592,9 @@ func parseDepths(s string) ([]int, error) {
 	return out, nil
 }
 
+// mib is a size in MiB.
+func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }
+
 // benchText is a result in a line or a few.
 func benchText(res any) string {
 	switch r := res.(type) {
@@ -571,6 +657,30 @@ func benchText(res any) string {
 			fmt.Fprintf(&b, "\n  %-22s p50 %8.2f ms  p99 %8.2f ms", q.Name, q.P50MS, q.P99MS)
 		}
 		return b.String()
+	case *bench.LongTxResult:
+		var b strings.Builder
+		load := fmt.Sprintf("%g rows/s", r.Rate)
+		if r.Depth > 0 {
+			load = fmt.Sprintf("keeping %d rows waiting", r.Depth)
+		}
+		done := "all done"
+		if r.Undrained > 0 {
+			done = fmt.Sprintf("%d not done when the drain gave up", r.Undrained)
+		}
+		fmt.Fprintf(&b, "long-tx: %s, %d slots, phases of %gs; %d rows, %s\n", load, r.Slots, r.PhaseSec, r.Rows, done)
+		for _, p := range r.Phases {
+			fmt.Fprintf(&b, "  %-10s %7.0f rows/s, pickup p50 %.1f ms p99 %.1f ms, depth at end %d (max %d), claim %.3f ms, "+
+				"dead tuples %d, table %s, claim index %s\n", p.Name, p.RowsPerSec, p.Pickup.P50MS, p.Pickup.P99MS,
+				p.DepthEnd, p.DepthMax, p.ClaimMS, p.End.DeadTuples, mib(p.End.TableBytes), mib(p.End.ClaimIndexBytes))
+		}
+		fmt.Fprintf(&b, "  held snapshot / clean: %.2f; recovery / clean: %.2f", r.HeldOverClean, r.RecoveryOverClean)
+		return b.String()
+	case *bench.SoakResult:
+		p := r.Summary
+		return fmt.Sprintf("soak: %g rows/s for %gs, %d slots: %.0f rows/s, pickup p50 %.1f ms p99 %.1f ms, depth at end %d (max %d); "+
+			"at the end dead tuples %d, table %s, indexes %s; %d samples, %d prune calls", r.Rate, r.DurationSec, r.Slots,
+			p.RowsPerSec, p.Pickup.P50MS, p.Pickup.P99MS, p.DepthEnd, p.DepthMax, p.End.DeadTuples, mib(p.End.TableBytes),
+			mib(p.End.IndexBytes), len(r.Samples), r.PruneCalls)
 	case *bench.PipelineResult:
 		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: overhead %.1f%%",
 			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct)

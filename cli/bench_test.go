@@ -27,6 +27,8 @@ func TestBenchHelp(t *testing.T) {
 		"herd":        {"--processes N", "--slots N", "--interval"},
 		"enqueue":     {"--rows N", "--chunk-size N"},
 		"pipeline":    {"--input-store URL", "[$PGWORKER_INPUT_STORE]", "--output-store URL", "--exec COMMAND", "--size BYTES"},
+		"long-tx":     {"--rate", "--depth N", "--slots N", "--phase", "--sample-every"},
+		"soak":        {"--duration", "--rate", "--slots N", "--prune-every", "--keep"},
 	} {
 		out := ok(t, "", "", "bench", mode, "--help")
 		for _, want := range append(flags, "Usage: pgworker bench "+mode, "--database-url URL", "Examples:\n  pgworker bench "+mode) {
@@ -53,6 +55,10 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"bench", "pipeline"}, "needs --input-store and --output-store"},
 		{[]string{"bench", "pipeline", "--input-store", "ftp://x", "--output-store", "s3://b"}, `--input-store "ftp://x"`},
 		{[]string{"bench", "enqueue"}, "missing database URL"},
+		{[]string{"bench", "long-tx", "--rate", "0"}, "--rate must be above 0"},
+		{[]string{"bench", "long-tx", "--phase", "10ms"}, "--phase must be at least 1s"},
+		{[]string{"bench", "soak", "--duration", "2h"}, "--timeout 1h0m0s is shorter than the run needs"},
+		{[]string{"bench", "soak", "--prune-every", "-1s"}, "--prune-every and --keep must not be negative"},
 	} {
 		fails(t, "", "", 2, []string{tc.want}, tc.args...)
 	}

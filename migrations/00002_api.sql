@@ -94,6 +94,149 @@ $$;
 COMMENT ON FUNCTION files.output_keys(jsonb) IS
     'The keys of the outputs of a result manifest (result->''outputs''[i]->>''key''), in their order.';
 
+-- The row search of the claims. While a long transaction (or a replica's
+-- hot_standby_feedback, or a stuck replication slot) pins the xmin horizon,
+-- the entries of claimed rows stay in files_claim_idx, and a search from the
+-- start of the index visits each of them on every claim: tens of
+-- milliseconds after a minute at a thousand rows a second. A session keeps,
+-- per queue, where its last claim ended, and starts its next search there.
+-- A hint is never trusted to be a bound: rows behind it are found by the
+-- whole-range search that runs at the session's first claim, then at least
+-- once a second and every 64th claim.
+
+-- +goose StatementBegin
+CREATE FUNCTION files.pick(queues text[], n integer)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    v_state jsonb;
+    v_at    double precision;
+    v_count integer;
+    v_full  boolean;
+    v_hp    integer[];
+    v_hid   bigint[];
+    v_now   double precision := extract(epoch FROM clock_timestamp());
+    v_rows  bigint[];
+    v_hints jsonb;
+BEGIN
+    -- The session's hints: per queue the claim-order position (priority,
+    -- id) just past the last row this session claimed, the time of its last
+    -- full search and the claims since. Set by anyone, they are read with
+    -- care: a value that does not parse is no hint at all.
+    BEGIN
+        v_state := nullif(current_setting('pgworker.claim_hints', true), '')::jsonb;
+        v_at := (v_state ->> 'at')::double precision;
+        v_count := (v_state ->> 'n')::integer;
+        v_hints := v_state -> 'q';
+        PERFORM (e.value ->> 0)::integer, (e.value ->> 1)::bigint FROM jsonb_each(v_hints) e;
+        SELECT array_agg((v_hints -> q.name ->> 0)::integer ORDER BY q.ord),
+               array_agg((v_hints -> q.name ->> 1)::bigint ORDER BY q.ord)
+        INTO v_hp, v_hid
+        FROM unnest(pick.queues) WITH ORDINALITY AS q(name, ord);
+    EXCEPTION WHEN OTHERS THEN
+        v_at := NULL;
+        v_hints := NULL;
+    END;
+    v_full := v_at IS NULL OR v_count IS NULL OR v_count >= 63 OR v_now - v_at >= 1 OR v_now < v_at;
+    IF jsonb_typeof(v_hints) IS DISTINCT FROM 'object' THEN
+        v_hints := '{}';
+    END IF;
+    IF v_full THEN
+        v_hp := NULL;
+        v_hid := NULL;
+    END IF;
+
+    -- Per queue, in claim order: rows of a higher priority than the hint,
+    -- rows of its priority from its id on, rows of a lower priority. With no
+    -- hint (a full search), the whole range. Each part is an index range
+    -- scan of files_claim_idx, so a hinted search starts past the entries
+    -- of the rows this session claimed before: while a long transaction
+    -- keeps those entries from being removed, a search from the start would
+    -- walk them all on every claim. A hinted search that finds nothing is
+    -- followed by a full one: no rows still means nothing is claimable.
+    LOOP
+        WITH picked AS (
+            SELECT q.name, l.id, l.priority
+            FROM unnest(pick.queues, v_hp, v_hid) AS q(name, hp, hid)
+            CROSS JOIN LATERAL (
+                SELECT a.id, a.priority FROM (
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority > coalesce(q.hp, 2147483647)
+                          AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT pick.n
+                        FOR UPDATE SKIP LOCKED) above
+                    UNION ALL
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        -- A range, not "priority = ...": an equality makes the order
+                        -- by id alone, which a generic plan may take from the
+                        -- primary key, from the hint to the end of the table.
+                        WHERE f.state = 'pending' AND f.queue = q.name
+                          AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
+                          AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT pick.n
+                        FOR UPDATE SKIP LOCKED) here
+                    UNION ALL
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority < coalesce(q.hp, 2147483647)
+                          AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT pick.n
+                        FOR UPDATE SKIP LOCKED) below
+                ) a
+                LIMIT pick.n
+            ) l
+        ), best AS (
+            SELECT p.name, p.id, p.priority FROM picked p
+            ORDER BY p.priority DESC, p.id
+            LIMIT pick.n
+        ), last AS (
+            -- The last row taken of each queue, in claim order.
+            SELECT DISTINCT ON (b.name) b.name, b.priority, b.id FROM best b
+            ORDER BY b.name, b.priority, b.id DESC
+        )
+        -- A hint moves on only, past the last row taken (a full search may
+        -- take a row from before it).
+        SELECT (SELECT array_agg(b.id ORDER BY b.priority DESC, b.id) FROM best b),
+               v_hints || coalesce((
+                   SELECT jsonb_object_agg(l.name, jsonb_build_array(l.priority, l.id + 1)) FROM last l
+                   WHERE l.id < 9223372036854775807 AND (v_hints -> l.name IS NULL
+                      OR l.priority < (v_hints -> l.name ->> 0)::integer
+                      OR (l.priority = (v_hints -> l.name ->> 0)::integer AND l.id >= (v_hints -> l.name ->> 1)::bigint))
+               ), '{}')
+        INTO v_rows, v_hints;
+        EXIT WHEN v_rows IS NOT NULL OR v_full;
+        v_full := true;
+        v_hp := NULL;
+        v_hid := NULL;
+    END LOOP;
+    PERFORM set_config('pgworker.claim_hints', jsonb_build_object(
+        'at', CASE WHEN v_full THEN v_now ELSE v_at END,
+        'n', CASE WHEN v_full THEN 0 ELSE v_count + 1 END,
+        'q', v_hints)::text, false);
+    RETURN v_rows;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION files.pick(text[], integer) IS
+    'Locks (FOR UPDATE SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows of queues: the row '
+    'search of files.claim and files.claim_batch. It starts each queue''s search past the last row this session took '
+    '(setting pgworker.claim_hints), and searches whole ranges at a session''s first claim, at least once a second and '
+    'every 64th claim, so a row that becomes claimable behind a hint (a retry, release, reap or rolled-back claim) waits '
+    'at most that long.';
+
 -- +goose StatementBegin
 CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1, key text DEFAULT NULL)
 RETURNS SETOF files.files
@@ -156,22 +299,12 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The best rows of each queue (an index range scan of files_claim_idx
-    -- each), then the best of those. Each row's token is derived from a
-    -- random salt of this call: only its hash is written, and the token
-    -- itself goes into the returned row alone.
+    -- The best rows of all queues (files.pick). Each row's token is derived
+    -- from a random salt of this call: only its hash is written, and the
+    -- token itself goes into the returned row alone.
     FOR r IN
         WITH picked AS (
-            SELECT p.id FROM unnest(v_queues) AS q(name)
-            CROSS JOIN LATERAL (
-                SELECT f.id, f.priority FROM files.files f
-                WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-                ORDER BY f.priority DESC, f.id
-                LIMIT claim.max
-                FOR UPDATE SKIP LOCKED
-            ) p
-            ORDER BY p.priority DESC, p.id
-            LIMIT claim.max
+            SELECT p.id FROM unnest(files.pick(v_queues, claim.max)) AS p(id)
         ), claimed AS (
             UPDATE files.files f
             SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
@@ -290,21 +423,8 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Lock the rows to take: the best rows of each queue (an index range scan
-    -- of files_claim_idx each), then the best of those.
-    SELECT array_agg(p.id ORDER BY p.priority DESC, p.id) INTO v_rows
-    FROM (
-        SELECT l.id, l.priority FROM unnest(v_queues) AS q(name)
-        CROSS JOIN LATERAL (
-            SELECT f.id, f.priority FROM files.files f
-            WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-            ORDER BY f.priority DESC, f.id
-            LIMIT cardinality(v_ids)
-            FOR UPDATE SKIP LOCKED
-        ) l
-        ORDER BY l.priority DESC, l.id
-        LIMIT cardinality(v_ids)
-    ) p;
+    -- Lock the rows to take: the best rows of all queues, in claim order.
+    v_rows := files.pick(v_queues, cardinality(v_ids));
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
@@ -1318,6 +1438,7 @@ DROP FUNCTION files.refuse_forged(text, bigint[], text[], integer[]);
 DROP FUNCTION files.claim_batch(text[], text[], text);
 DROP FUNCTION files.get_unprocessed_entry_by_priority(text, text);
 DROP FUNCTION files.claim(text, text[], integer, text);
+DROP FUNCTION files.pick(text[], integer);
 DROP FUNCTION files.batch_rows_deleted(text[], text[]);
 DROP FUNCTION files.batch_rows_added(text[], bigint[], text[]);
 DROP FUNCTION files.fold_counts();

@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"runtime"
@@ -32,6 +33,7 @@ func main() {
 	commands := flag.String("commands", "", "`file` of the command lines that produced the results, one per line")
 	out := flag.String("o", "", "write the report to `file` (default standard output)")
 	appendix := flag.String("append", "", "append the Markdown `file` (measurements made by other means) to the report")
+	soakChart := flag.String("soak-chart", "", "the soak's chart, a PNG `path` relative to the report, to show in it")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: benchreport [-commands FILE] [-o FILE] RESULTS.jsonl...")
 		flag.PrintDefaults()
@@ -64,7 +66,7 @@ func main() {
 		}
 	}
 	var buf bytes.Buffer
-	render(&buf, &report{results: rs, commands: cmds, machine: thisMachine(), date: time.Now().UTC()})
+	render(&buf, &report{results: rs, commands: cmds, machine: thisMachine(), date: time.Now().UTC(), soakChart: *soakChart})
 	if *appendix != "" {
 		b, err := os.ReadFile(*appendix)
 		if err != nil {
@@ -180,10 +182,11 @@ func thisMachine() machine {
 }
 
 type report struct {
-	results  []result
-	commands []string
-	machine  machine
-	date     time.Time
+	results   []result
+	commands  []string
+	machine   machine
+	date      time.Time
+	soakChart string
 }
 
 // find returns the first result of system and mode for which match holds.
@@ -280,7 +283,8 @@ func (rp *report) goals() []goal {
 	gs = append(gs, rp.skipLockedGoal())
 	gs = append(gs, rp.latencyGoals()...)
 	gs = append(gs, rp.cpuGoals()...)
-	return append(gs, rp.claimDepthGoal(), rp.herdGoal(), rp.enqueueGoal(), rp.pipelineGoal(), rp.viewsGoal())
+	gs = append(gs, rp.claimDepthGoal(), rp.herdGoal(), rp.enqueueGoal(), rp.pipelineGoal(), rp.viewsGoal())
+	return append(gs, rp.longTxGoals()...)
 }
 
 // viewQueries reads the queries of a views run.
@@ -311,6 +315,53 @@ func (rp *report) viewsGoal() goal {
 	}
 	return goal{fmt.Sprintf("operator reads at %s rows", short(v.n("rows"))), target,
 		fmt.Sprintf("slowest p50 %.1f ms (%s)", worst, name), verdict(worst < 50, fmt.Sprintf("%s takes %.1f ms", name, worst))}
+}
+
+// phase returns the named phase of a long-tx result.
+func phase(r result, name string) map[string]any {
+	ps, _ := r["phases"].([]any)
+	for _, p := range ps {
+		if m, ok := p.(map[string]any); ok && m["name"] == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// longTxGoals: with a snapshot held open, peak throughput stays above 70%
+// of the clean phase's, and a fixed 1,000 rows/s at 16 slots is kept up
+// with (the depth at the end of the phase under a second's rows) with a
+// pickup p99 under 20 ms.
+func (rp *report) longTxGoals() []goal {
+	const (
+		peakTarget = "≥ 70% of the clean phase's rows/s"
+		keepTarget = "depth at the end ≤ 1 s of rows"
+		p99Target  = "< 20 ms"
+	)
+	var gs []goal
+	if r := rp.find("pgworker", "long-tx", func(r result) bool { return r.n("depth") > 0 }); r == nil {
+		gs = append(gs, notMeasured("held snapshot: peak rows/s", peakTarget, "no long-tx run in peak mode (--depth)"))
+	} else {
+		v := r.n("held_over_clean")
+		gs = append(gs, goal{"held snapshot: peak rows/s", peakTarget,
+			fmt.Sprintf("%.0f%% (%s of %s rows/s, %g slots)", v*100, thousands(result(phase(r, "idle-in-tx")).n("rows_per_sec")),
+				thousands(result(phase(r, "clean")).n("rows_per_sec")), r.n("slots")),
+			verdict(v >= 0.7, fmt.Sprintf("%.0f points under 70%%", 70-v*100))})
+	}
+	r := rp.find("pgworker", "long-tx", func(r result) bool { return r.n("rate") == 1000 && r.n("slots") == 16 })
+	if r == nil {
+		gs = append(gs, notMeasured("held snapshot: 1,000 rows/s at 16 slots", keepTarget, "no long-tx run at --rate 1000 --slots 16"),
+			notMeasured("held snapshot: pickup p99", p99Target, "no long-tx run at --rate 1000 --slots 16"))
+		return gs
+	}
+	held := result(phase(r, "idle-in-tx"))
+	depth, p99, rate := held.n("depth_end"), held.n("pickup.p99_ms"), held.n("rows_per_sec")
+	gs = append(gs, goal{"held snapshot: 1,000 rows/s at 16 slots", keepTarget,
+		fmt.Sprintf("%s rows/s, %s waiting at the end", thousands(rate), thousands(depth)),
+		verdict(depth <= 1000, fmt.Sprintf("%s rows behind", thousands(depth)))})
+	gs = append(gs, goal{"held snapshot: pickup p99", p99Target, fmt.Sprintf("%.1f ms", p99),
+		verdict(p99 < 20, fmt.Sprintf("%.1f ms over", p99-20))})
+	return gs
 }
 
 func notMeasured(name, target, why string) goal {
@@ -562,6 +613,8 @@ func render(w io.Writer, rp *report) {
 	renderEnqueue(p, rp)
 	renderPipeline(p, rp)
 	renderViews(p, rp)
+	renderLongTx(p, rp)
+	renderSoak(p, rp)
 	renderRaw(p, rp)
 }
 
@@ -661,6 +714,11 @@ func renderCommands(p printer, rp *report) {
 func renderRaw(p printer, rp *report) {
 	p("## Raw results\n\n<details><summary>JSON, one result per line</summary>\n\n```json\n")
 	for _, r := range rp.results {
+		if _, ok := r["samples"]; ok {
+			// The samples are in the tables and the chart.
+			r = maps.Clone(r)
+			delete(r, "samples")
+		}
 		b, _ := json.Marshal(r)
 		p("%s\n", b)
 	}
@@ -899,6 +957,61 @@ func renderViews(p printer, rp *report) {
 		p("| %s | **%.2f ms** | %.2f ms |\n", q.str("name"), q.n("p50_ms"), q.n("p99_ms"))
 	}
 	p("\n")
+}
+
+func renderLongTx(p printer, rp *report) {
+	rs := rp.all("pgworker", "long-tx")
+	if len(rs) == 0 {
+		return
+	}
+	p("### Long transaction beside the queue\n\n")
+	p("A producer and one worker process, through phases clean, idle-in-tx (a REPEATABLE READ\n")
+	p("transaction on a connection of its own holds its snapshot open, so no dead row can be\n")
+	p("removed) and recovery. Pickup runs from the row's insert to its handler's start; depth\n")
+	p("is the rows inserted and not started; claim is the server's mean time per claim; the\n")
+	p("table's statistics are at the end of the phase.\n\n")
+	p("| load | slots | phase | rows/s | pickup p50 | pickup p99 | depth at end | claim | dead tuples | table | claim index |\n")
+	p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range rs {
+		load := fmt.Sprintf("%s rows/s", thousands(r.n("rate")))
+		if r.n("depth") > 0 {
+			load = fmt.Sprintf("peak (depth %s)", thousands(r.n("depth")))
+		}
+		ps, _ := r["phases"].([]any)
+		for _, x := range ps {
+			ph := result(x.(map[string]any))
+			p("| %s | %g | %s (%gs) | **%s** | %.1f ms | **%.1f ms** | %s | %.2f ms | %s | %.1f MiB | %.2f MiB |\n", load, r.n("slots"),
+				ph.str("name"), ph.n("seconds"), thousands(ph.n("rows_per_sec")), ph.n("pickup.p50_ms"), ph.n("pickup.p99_ms"),
+				thousands(ph.n("depth_end")), ph.n("claim_ms"), thousands(ph.n("end.dead_tuples")), ph.n("end.table_bytes")/(1<<20),
+				ph.n("end.claim_index_bytes")/(1<<20))
+		}
+	}
+	p("\n")
+}
+
+func renderSoak(p printer, rp *report) {
+	rs := rp.all("pgworker", "soak")
+	if len(rs) == 0 {
+		return
+	}
+	p("### Soak\n\n")
+	p("A fixed rate for a long time, with one worker process; samples over time in the chart.\n\n")
+	p("| rate | slots | duration | prune every | rows/s | pickup p50 | pickup p99 | depth max | dead tuples at end | table at end | indexes at end |\n")
+	p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range rs {
+		prune := "never"
+		if v := r.n("prune_every_sec"); v > 0 {
+			prune = fmt.Sprintf("%gs", v)
+		}
+		p("| %s | %g | %s | %s | %s | %.1f ms | %.1f ms | %s | %s | %.1f MiB | %.1f MiB |\n", thousands(r.n("rate")), r.n("slots"),
+			human.Duration(time.Duration(r.n("duration_sec"))*time.Second), prune, thousands(r.n("summary.rows_per_sec")),
+			r.n("summary.pickup.p50_ms"), r.n("summary.pickup.p99_ms"), thousands(r.n("summary.depth_max")),
+			thousands(r.n("summary.end.dead_tuples")), r.n("summary.end.table_bytes")/(1<<20), r.n("summary.end.index_bytes")/(1<<20))
+	}
+	p("\n")
+	if rp.soakChart != "" {
+		p("![soak: rows/s, pickup, sizes and dead tuples over time](%s)\n\n", rp.soakChart)
+	}
 }
 
 // dedupe lists each command once, in the order of first use, noting how

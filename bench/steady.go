@@ -1,0 +1,532 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/worker"
+)
+
+// The statements of the steady modes (LongTx, Soak): the producer's insert,
+// the snapshot holder's, the table statistics and the optional prune.
+const (
+	sqlInsertMany = `INSERT INTO files.files (queue, source, max_attempts)
+SELECT $1, $2 || g, 1 FROM generate_series($3::bigint, $4::bigint) AS g`
+	sqlHoldSnapshot = `SELECT pg_backend_pid()`
+	sqlHolderXmin   = `SELECT backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = $1`
+	sqlTableStats   = `SELECT s.n_live_tup, s.n_dead_tup, s.autovacuum_count + s.vacuum_count,
+       pg_relation_size('files.files'), pg_indexes_size('files.files'),
+       pg_relation_size('files.files_claim_idx')
+FROM pg_stat_user_tables s WHERE s.relid = 'files.files'::regclass`
+	sqlPruneExists = `SELECT to_regproc('files.prune') IS NOT NULL AND to_regprocedure('files.keep_queue(text, interval, interval)') IS NOT NULL`
+	sqlNotDone     = `SELECT count(*) FROM files.files WHERE queue = $1 AND state <> 'done'`
+	sqlKeepQueue   = `SELECT files.keep_queue($1, $2::interval, $2::interval)`
+	sqlPrune       = `SELECT coalesce(sum(p.rows), 0)::bigint FROM files.prune(max_rows => $1) AS p`
+)
+
+// pruneBatch is the rows one call of files.prune deletes at most; the
+// pruner calls it again while it deletes that many.
+const pruneBatch = 10_000
+
+// steadyTick is how often the producer looks at the clock or the depth.
+const steadyTick = 10 * time.Millisecond
+
+// maxInsert bounds the rows of one insert statement.
+const maxInsert = 10_000
+
+// Sample is the state of a steady run over one sampling interval: rates and
+// pickup times of the interval, and the depth and the table's statistics at
+// its end.
+type Sample struct {
+	// AtSec is the end of the interval, in seconds since the first phase
+	// began.
+	AtSec float64 `json:"at_sec"`
+	Phase string  `json:"phase"`
+	// RowsPerSec is the rows done in the interval per second;
+	// InsertedPerSec the rows the producer inserted.
+	RowsPerSec     float64 `json:"rows_per_sec"`
+	InsertedPerSec float64 `json:"inserted_per_sec"`
+	// Pickup is from the row's insert (its created_at) to its handler's
+	// start, for the rows started in the interval.
+	PickupP50MS float64 `json:"pickup_p50_ms"`
+	PickupP99MS float64 `json:"pickup_p99_ms"`
+	// Depth is the rows inserted and not yet started.
+	Depth int64 `json:"depth"`
+	TableStats
+}
+
+// TableStats are files.files' statistics: tuples as the statistics
+// collector counts them, and sizes in bytes.
+type TableStats struct {
+	LiveTuples int64 `json:"live_tuples"`
+	DeadTuples int64 `json:"dead_tuples"`
+	// Vacuums counts the vacuums of the table so far (autovacuum and
+	// manual).
+	Vacuums         int64 `json:"vacuums"`
+	TableBytes      int64 `json:"table_bytes"`
+	IndexBytes      int64 `json:"index_bytes"`
+	ClaimIndexBytes int64 `json:"claim_index_bytes"`
+}
+
+// PhaseResult sums up one phase of a steady run.
+type PhaseResult struct {
+	Name         string  `json:"name"`
+	Seconds      float64 `json:"seconds"`
+	HeldSnapshot bool    `json:"held_snapshot"`
+	// RowsPerSec is the rows done in the phase per second; InsertedPerSec
+	// the producer's rate.
+	RowsPerSec     float64 `json:"rows_per_sec"`
+	InsertedPerSec float64 `json:"inserted_per_sec"`
+	// Pickup is from insert to handler start of the rows started in the
+	// phase.
+	Pickup Percentiles `json:"pickup"`
+	// DepthEnd is the rows inserted and not started at the end of the phase;
+	// DepthMax the largest depth sampled in it.
+	DepthEnd int64 `json:"depth_end"`
+	DepthMax int64 `json:"depth_max"`
+	// Claims is the claim queries the worker sent in the phase; ClaimMS
+	// their mean time in the server (from pg_stat_user_functions; 0 when
+	// track_functions is off and cannot be turned on).
+	Claims  uint64  `json:"claims"`
+	ClaimMS float64 `json:"claim_ms"`
+	// End is the table's statistics at the end of the phase.
+	End TableStats `json:"end"`
+	// Vacuums is the vacuums of files.files during the phase.
+	Vacuums int64 `json:"vacuums"`
+}
+
+// steadyPhase is one phase to run: its name, its length, and whether a
+// snapshot is held open through it.
+type steadyPhase struct {
+	name     string
+	duration time.Duration
+	hold     bool
+}
+
+// steadyConfig is what LongTx and Soak share.
+type steadyConfig struct {
+	mode        string
+	slots       int
+	maxConns    int
+	rate        float64 // rows per second; 0 with depth: peak mode
+	depth       int     // peak mode: the backlog the producer keeps
+	sampleEvery time.Duration
+	pruneEvery  time.Duration // 0: no prune
+	keep        time.Duration // with pruneEvery: how long done rows are kept
+	drain       time.Duration
+	phases      []steadyPhase
+}
+
+// steadyResult is what a steady run measured.
+type steadyResult struct {
+	phases  []PhaseResult
+	samples []Sample
+	rows    int64
+	pruned  int64 // prune calls
+	deleted int64 // rows they deleted
+	// undrained is the rows not done when the drain gave up.
+	undrained int64
+}
+
+// steadyHandler is the steady modes' no-op handler: it counts the rows it
+// starts and keeps their pickup times for the sample and the phase.
+type steadyHandler struct {
+	started atomic.Int64
+	mu      sync.Mutex
+	sample  []time.Duration
+	phase   []time.Duration
+}
+
+func (h *steadyHandler) Handle(_ context.Context, job *worker.Job) (*worker.Result, error) {
+	d := time.Since(job.CreatedAt)
+	h.mu.Lock()
+	h.sample = append(h.sample, d)
+	h.phase = append(h.phase, d)
+	h.mu.Unlock()
+	h.started.Add(1)
+	return nil, nil
+}
+
+// takeSample returns the pickup times since the last call.
+func (h *steadyHandler) takeSample() []time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sample
+	h.sample = nil
+	return s
+}
+
+// takePhase returns the pickup times since the last call.
+func (h *steadyHandler) takePhase() []time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.phase
+	h.phase = nil
+	return s
+}
+
+// producer inserts rows of Queue at a fixed rate, or keeping a depth.
+type producer struct {
+	pool     *pgxpool.Pool
+	rate     float64
+	depth    int64
+	started  *atomic.Int64 // rows the handler started, for the depth
+	inserted atomic.Int64
+}
+
+// run inserts until stop is closed (an insert that ctx cut short could
+// have committed, and the count would be wrong). At a fixed rate it
+// inserts, each tick, the rows due since it began (catching up when an
+// insert was slow); in peak mode what brings the depth back to its target.
+func (p *producer) run(ctx context.Context, stop <-chan struct{}) error {
+	t0 := time.Now()
+	tick := time.NewTicker(steadyTick)
+	defer tick.Stop()
+	for {
+		var n int64
+		have := p.inserted.Load()
+		if p.rate > 0 {
+			n = int64(p.rate*time.Since(t0).Seconds()) - have
+		} else {
+			n = p.depth - (have - p.started.Load())
+		}
+		if n > 0 {
+			n = min(n, maxInsert)
+			if _, err := p.pool.Exec(ctx, sqlInsertMany, Queue, "steady/", have, have+n-1); err != nil {
+				return fmt.Errorf("bench: insert: %w", explain(err))
+			}
+			p.inserted.Add(n)
+		}
+		select {
+		case <-tick.C:
+		case <-stop:
+			return nil
+		}
+	}
+}
+
+// steady runs cfg's phases with a producer and a worker of cfg.slots
+// slots, samples every cfg.sampleEvery, and at the end waits for the
+// backlog to drain and checks that every row ended done.
+func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, error) {
+	res := &steadyResult{}
+	err := b.run(ctx, c.mode, func(ctx context.Context) error {
+		if c.pruneEvery > 0 {
+			var ok bool
+			if err := b.pool.QueryRow(ctx, sqlPruneExists).Scan(&ok); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			if !ok {
+				return errors.New("bench: pruning asked for, and the database has no files.prune() and files.keep_queue (migrate to a version with retention)")
+			}
+			if _, err := b.pool.Exec(ctx, sqlKeepQueue, Queue, c.keep); err != nil {
+				return fmt.Errorf("bench: files.keep_queue: %w", err)
+			}
+		}
+		var track string
+		if err := b.pool.QueryRow(ctx, sqlTrackFunctions).Scan(&track); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		var params map[string]string
+		if track == "none" {
+			params = map[string]string{"track_functions": "pl"}
+		}
+		wpool, err := b.workerPool(ctx, c.maxConns, params)
+		if err != nil {
+			return err
+		}
+		defer wpool.Close()
+		h := &steadyHandler{}
+		outcomes := &outcomeCount{}
+		w, err := b.startWorker(ctx, wpool, c.mode, worker.Config{Handler: h, Slots: c.slots, Observer: outcomes})
+		if err != nil && params != nil && isPrivilege(err) {
+			// Not a superuser: run without the server's claim times.
+			wpool.Close()
+			if wpool, err = b.workerPool(ctx, c.maxConns, nil); err != nil {
+				return err
+			}
+			w, err = b.startWorker(ctx, wpool, c.mode, worker.Config{Handler: h, Slots: c.slots, Observer: outcomes})
+		}
+		if err != nil {
+			return err
+		}
+		defer stopWorker(w)
+
+		// The producer, the snapshot holder and the pruner have a pool of
+		// their own.
+		side, err := b.workerPool(ctx, 3, nil)
+		if err != nil {
+			return err
+		}
+		defer side.Close()
+		prod := &producer{pool: side, rate: c.rate, depth: int64(c.depth), started: &h.started}
+		pctx, stopProducer := context.WithCancel(ctx)
+		defer stopProducer()
+		perr := make(chan error, 1)
+		go func() { perr <- prod.run(ctx, pctx.Done()) }()
+		pr := &pruner{b: b, pool: side}
+		var pruning sync.WaitGroup
+		if c.pruneEvery > 0 {
+			pruning.Go(func() { pr.every(pctx, c.pruneEvery) })
+		}
+
+		s := &sampler{b: b, h: h, w: w, outcomes: outcomes, prod: prod, t0: time.Now()}
+		if err := s.begin(ctx); err != nil {
+			return err
+		}
+		for _, ph := range c.phases {
+			pr, err := b.steadyPhase(ctx, s, side, ph, c.sampleEvery, perr)
+			if err != nil {
+				return err
+			}
+			res.phases = append(res.phases, *pr)
+		}
+		stopProducer()
+		pruning.Wait()
+		if err := <-perr; err != nil {
+			return err
+		}
+		if c.pruneEvery > 0 {
+			// A last call, so that every run with pruning has pruned.
+			if err := pr.prune(ctx); err != nil {
+				return err
+			}
+		}
+		res.pruned, res.deleted = pr.calls, pr.deleted
+		res.samples = s.samples
+		res.rows = prod.inserted.Load()
+		b.logger.Info("bench: draining", "rows", res.rows, "left", res.rows-int64(outcomes.count()))
+		dctx, cancel := context.WithTimeout(ctx, c.drain)
+		defer cancel()
+		if err := outcomes.wait(dctx, uint64(res.rows)); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// Reported, not an error: the phases' figures stand, and the
+			// rows left are the benchmark's own, deleted at its end.
+			res.undrained = res.rows - int64(outcomes.count())
+			b.logger.Warn("bench: the backlog did not drain", "within", c.drain, "left", res.undrained)
+			return nil
+		}
+		if c.pruneEvery > 0 {
+			// Workers may prune too: what is left must all be done.
+			var left int64
+			if err := b.pool.QueryRow(ctx, sqlNotDone, Queue).Scan(&left); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			if left > 0 {
+				return fmt.Errorf("bench: %d rows of %d did not end done", left, res.rows)
+			}
+			return nil
+		}
+		return b.outcomes(ctx, int(res.rows))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// steadyPhase runs one phase, holding a snapshot through it if it says so.
+func (b *Bench) steadyPhase(ctx context.Context, s *sampler, side *pgxpool.Pool, ph steadyPhase, every time.Duration, perr chan error) (*PhaseResult, error) {
+	if ph.hold {
+		tx, err := holdSnapshot(ctx, side)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // ends the held snapshot
+	}
+	b.logger.Info("bench: phase", "phase", ph.name, "duration", ph.duration, "held_snapshot", ph.hold)
+	start := s.phaseStart(ph.name)
+	end := time.Now().Add(ph.duration)
+	for {
+		next := time.Now().Add(every)
+		if next.After(end) {
+			next = end
+		}
+		select {
+		case <-time.After(time.Until(next)):
+		case err := <-perr:
+			if err == nil {
+				err = errors.New("bench: the producer stopped")
+			}
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if err := s.sample(ctx); err != nil {
+			return nil, err
+		}
+		if !time.Now().Before(end) {
+			break
+		}
+	}
+	pr, err := s.phaseEnd(ctx, start)
+	if err != nil {
+		return nil, err
+	}
+	pr.HeldSnapshot = ph.hold
+	return pr, nil
+}
+
+// holdSnapshot opens a REPEATABLE READ transaction on a connection of its
+// own and takes its snapshot, which pins the xmin horizon until the
+// transaction ends; it checks that the server sees the pinned horizon.
+func holdSnapshot(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("bench: open the snapshot holder: %w", err)
+	}
+	var pid int32
+	if err := tx.QueryRow(ctx, sqlHoldSnapshot).Scan(&pid); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, fmt.Errorf("bench: take the held snapshot: %w", err)
+	}
+	var held bool
+	if err := pool.QueryRow(ctx, sqlHolderXmin, pid).Scan(&held); err != nil || !held {
+		_ = tx.Rollback(ctx)
+		return nil, fmt.Errorf("bench: the held transaction shows no xmin in pg_stat_activity (%v)", err)
+	}
+	return tx, nil
+}
+
+// pruner calls files.prune as retention's pruner would, and counts.
+type pruner struct {
+	b       *Bench
+	pool    *pgxpool.Pool
+	calls   int64
+	deleted int64
+}
+
+// every prunes at each interval until ctx ends; a failed call is logged.
+func (p *pruner) every(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		if err := p.prune(ctx); err != nil && ctx.Err() == nil {
+			p.b.logger.Warn("bench: files.prune", "error", err)
+		}
+	}
+}
+
+// prune calls files.prune until a call deletes less than a batch.
+func (p *pruner) prune(ctx context.Context) error {
+	for {
+		var n int64
+		if err := p.pool.QueryRow(ctx, sqlPrune, pruneBatch).Scan(&n); err != nil {
+			return fmt.Errorf("bench: files.prune: %w", err)
+		}
+		p.calls++
+		p.deleted += n
+		if n < pruneBatch {
+			return nil
+		}
+	}
+}
+
+// sampler takes the samples and the phase sums of a steady run.
+type sampler struct {
+	b        *Bench
+	h        *steadyHandler
+	w        *worker.Worker
+	outcomes *outcomeCount
+	prod     *producer
+	t0       time.Time
+	samples  []Sample
+
+	phase string
+	// at the last sample
+	last              time.Time
+	lastDone, lastIns int64
+	// at the phase's start
+	phaseAt             time.Time
+	phaseDone, phaseIns int64
+	phaseClaims         uint64
+	phaseFn             map[string]funcStats
+	phaseStats          TableStats
+	depthMax            int64
+}
+
+func (s *sampler) begin(ctx context.Context) error {
+	s.last = time.Now()
+	s.t0 = s.last
+	_, err := s.b.tableStats(ctx)
+	return err
+}
+
+func (s *sampler) phaseStart(name string) time.Time {
+	s.phase = name
+	now := time.Now()
+	s.phaseAt = now
+	s.phaseDone, s.phaseIns = int64(s.outcomes.count()), s.prod.inserted.Load()
+	s.phaseClaims = s.w.Stats().Claims
+	s.phaseFn, _ = s.b.functionStats(context.Background())
+	s.phaseStats, _ = s.b.tableStats(context.Background())
+	s.depthMax = 0
+	s.h.takePhase()
+	return now
+}
+
+func (s *sampler) sample(ctx context.Context) error {
+	now := time.Now()
+	done, ins := int64(s.outcomes.count()), s.prod.inserted.Load()
+	depth := ins - s.h.started.Load()
+	st, err := s.b.tableStats(ctx)
+	if err != nil {
+		return err
+	}
+	secs := now.Sub(s.last).Seconds()
+	p := percentiles(s.h.takeSample())
+	s.samples = append(s.samples, Sample{
+		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
+		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
+		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS, Depth: depth, TableStats: st,
+	})
+	s.last, s.lastDone, s.lastIns = now, done, ins
+	s.depthMax = max(s.depthMax, depth)
+	return nil
+}
+
+func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, error) {
+	secs := time.Since(start).Seconds()
+	done, ins := int64(s.outcomes.count()), s.prod.inserted.Load()
+	st, err := s.b.tableStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pr := &PhaseResult{
+		Name: s.phase, Seconds: round(secs, 1),
+		RowsPerSec: round(float64(done-s.phaseDone)/secs, 1), InsertedPerSec: round(float64(ins-s.phaseIns)/secs, 1),
+		Pickup: percentiles(s.h.takePhase()), DepthEnd: ins - s.h.started.Load(), DepthMax: s.depthMax,
+		Claims: s.w.Stats().Claims - s.phaseClaims, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
+	}
+	if fn, err := s.b.functionStats(ctx); err == nil && s.phaseFn != nil {
+		calls := fn["claim"].calls + fn["claim_batch"].calls - s.phaseFn["claim"].calls - s.phaseFn["claim_batch"].calls
+		total := fn["claim"].totalMS + fn["claim_batch"].totalMS - s.phaseFn["claim"].totalMS - s.phaseFn["claim_batch"].totalMS
+		if calls > 0 {
+			pr.ClaimMS = round(total/float64(calls), 3)
+		}
+	}
+	return pr, nil
+}
+
+func (b *Bench) tableStats(ctx context.Context) (TableStats, error) {
+	var t TableStats
+	err := b.pool.QueryRow(ctx, sqlTableStats).Scan(&t.LiveTuples, &t.DeadTuples, &t.Vacuums, &t.TableBytes, &t.IndexBytes, &t.ClaimIndexBytes)
+	if err != nil {
+		return t, fmt.Errorf("bench: read files.files' statistics: %w", err)
+	}
+	return t, nil
+}

@@ -1,0 +1,242 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+// A session's claims start their search where its last claim ended
+// (files.pick). These tests hold rows behind that hint and prove each is
+// still claimed: found by the whole-range search that runs at least every
+// 64th claim of a session, or at once when the hinted search finds nothing.
+
+// hintConn is one session on the database of url, so that its hints carry
+// from claim to claim.
+func hintConn(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func claimOn(t *testing.T, conn *pgx.Conn, worker string, max int) []claimed {
+	t.Helper()
+	rows, err := conn.Query(context.Background(),
+		"SELECT id, priority, attempt, claim_token FROM files.claim($1, NULL, $2, key => 'test-key-0123456789')", worker, max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[claimed])
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	return out
+}
+
+func claimBatchOn(t *testing.T, conn *pgx.Conn, workers []string) []claimed {
+	t.Helper()
+	rows, err := conn.Query(context.Background(),
+		"SELECT id, priority, attempt, claim_token FROM files.claim_batch($1, NULL, 'test-key-0123456789')", workers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[claimed])
+	if err != nil {
+		t.Fatalf("claim_batch: %v", err)
+	}
+	return out
+}
+
+// claimsUntil claims one row at a time (alternating files.claim and
+// files.claim_batch) until row id is among them, and returns how many
+// claims it took; it fails after limit claims.
+func claimsUntil(t *testing.T, conn *pgx.Conn, id int64, limit int) int {
+	t.Helper()
+	for i := 1; i <= limit; i++ {
+		var got []claimed
+		if i%2 == 0 {
+			got = claimOn(t, conn, "w1", 1)
+		} else {
+			got = claimBatchOn(t, conn, []string{"w1"})
+		}
+		for _, r := range got {
+			if r.ID == id {
+				return i
+			}
+		}
+		if len(got) == 0 {
+			t.Fatalf("claim %d found nothing, and row %d is pending", i, id)
+		}
+	}
+	t.Fatalf("row %d was not claimed in %d claims", id, limit)
+	return 0
+}
+
+// TestClaimHintNeverStarvesARow: rows that come back behind the hint, by
+// release, by reap, by a retry whose backoff passed and by a claim that
+// rolled back, are claimed within 64 claims while newer rows keep every
+// hinted search busy.
+func TestClaimHintNeverStarvesARow(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		back func(t *testing.T, conn *pgx.Conn, other *pgx.Conn) int64 // puts a row behind the hint, returns its id
+	}{
+		{"released", func(t *testing.T, conn, _ *pgx.Conn) int64 {
+			r := claimOn(t, conn, "w1", 1)[0]
+			claimOn(t, conn, "w1", 5) // the hint moves past r
+			mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)
+			return r.ID
+		}},
+		{"reaped", func(t *testing.T, conn, _ *pgx.Conn) int64 {
+			mustExec(t, conn, "SELECT files.register_worker('w2', lease_timeout => '1 second', key => 'test-key-0123456789')")
+			rows, err := conn.Query(context.Background(),
+				"SELECT id, priority, attempt, claim_token FROM files.claim('w2', NULL, 1, key => 'test-key-0123456789')")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[claimed])
+			if err != nil {
+				t.Fatal(err)
+			}
+			claimOn(t, conn, "w1", 5)
+			mustExec(t, conn, "UPDATE files.files SET lease_expires_at = now() - interval '1 second' WHERE id = $1", r.ID)
+			mustExec(t, conn, "UPDATE files.workers SET last_heartbeat_at = now() - interval '1 minute' WHERE worker_id = 'w2'")
+			var n int
+			if err := conn.QueryRow(context.Background(), "SELECT files.reap()").Scan(&n); err != nil || n != 1 {
+				t.Fatalf("reap: %d rows, %v", n, err)
+			}
+			return r.ID
+		}},
+		{"retried", func(t *testing.T, conn, _ *pgx.Conn) int64 {
+			r := claimOn(t, conn, "w1", 1)[0]
+			claimOn(t, conn, "w1", 5)
+			mustExec(t, conn, "SELECT files.fail($1, 'w1', $2, $3, 'boom')", r.ID, r.Attempt, r.Token)
+			// The backoff passes.
+			mustExec(t, conn, "UPDATE files.files SET run_after = now() - interval '1 second' WHERE id = $1", r.ID)
+			return r.ID
+		}},
+		{"rolled back", func(t *testing.T, conn, other *pgx.Conn) int64 {
+			// Another session holds the first row in a claim that rolls
+			// back; this session's claims skip it and move on.
+			ctx := context.Background()
+			tx, err := other.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var id int64
+			if err := tx.QueryRow(ctx, "SELECT id FROM files.claim('w3', NULL, 1, key => 'test-key-0123456789')").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			claimOn(t, conn, "w1", 5)
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := pgtest.URL(t)
+			conn, other := hintConn(t, url), hintConn(t, url)
+			mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 200) g")
+			id := tc.back(t, conn, other)
+			var state string
+			if err := conn.QueryRow(context.Background(), "SELECT state FROM files.files WHERE id = $1", id).Scan(&state); err != nil || state != "pending" {
+				t.Fatalf("row %d is %q (%v), want pending", id, state, err)
+			}
+			// Newer rows than the hint are there for every claim: only the
+			// whole-range search can take the row.
+			n := claimsUntil(t, conn, id, 64)
+			t.Logf("row %d claimed at claim %d", id, n)
+		})
+	}
+}
+
+// TestClaimHintEmptySearchLooksEverywhere: when the only claimable row is
+// behind the hint, the next claim takes it (no rows means nothing is
+// claimable), in both claim functions.
+func TestClaimHintEmptySearchLooksEverywhere(t *testing.T) {
+	t.Parallel()
+	conn := hintConn(t, pgtest.URL(t))
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 4) g")
+	for _, batch := range []bool{false, true} {
+		first := claimOn(t, conn, "w1", 1)
+		rest := claimOn(t, conn, "w1", 10) // the hint moves past every row
+		if len(first) != 1 || len(rest) == 0 {
+			t.Fatalf("claimed %d and %d rows", len(first), len(rest))
+		}
+		for _, r := range append(first, rest...) {
+			mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)
+		}
+		var got []claimed
+		if batch {
+			got = claimBatchOn(t, conn, []string{"w1", "w2", "w3", "w4", "w5"})
+		} else {
+			got = claimOn(t, conn, "w1", 10)
+		}
+		if len(got) != 4 || got[0].ID != first[0].ID {
+			t.Fatalf("batch %v: claimed %+v, want all 4 rows from %d on", batch, got, first[0].ID)
+		}
+		for _, r := range got {
+			w := "w1"
+			if batch {
+				if err := conn.QueryRow(context.Background(), "SELECT worker_id FROM files.files WHERE id = $1", r.ID).Scan(&w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", r.ID, w, r.Attempt, r.Token)
+		}
+	}
+}
+
+// TestClaimHintKeepsPriority: a row of a higher priority than the hint's,
+// enqueued after it, is the next claimed; one of a lower priority waits for
+// the hint's priority to run out.
+func TestClaimHintKeepsPriority(t *testing.T) {
+	t.Parallel()
+	conn := hintConn(t, pgtest.URL(t))
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+	claimOn(t, conn, "w1", 2)
+	claimOn(t, conn, "w1", 2) // hinted from here on
+	var high, low int64
+	if err := conn.QueryRow(context.Background(), "INSERT INTO files.files (source, priority) VALUES ('high', 5) RETURNING id").Scan(&high); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(context.Background(), "INSERT INTO files.files (source, priority) VALUES ('low', -5) RETURNING id").Scan(&low); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimOn(t, conn, "w1", 1); len(got) != 1 || got[0].ID != high {
+		t.Fatalf("claimed %+v, want the priority 5 row %d", got, high)
+	}
+	got := claimOn(t, conn, "w1", 10)
+	if len(got) != 7 || got[6].ID != low {
+		t.Fatalf("claimed %+v, want the 6 left of priority 0, then the priority -5 row %d", got, low)
+	}
+}
+
+// TestClaimHintIgnoresForgedSettings: pgworker.claim_hints is a setting any
+// session may write; a value that does not parse is no hint, and claims
+// still work.
+func TestClaimHintIgnoresForgedSettings(t *testing.T) {
+	t.Parallel()
+	conn := hintConn(t, pgtest.URL(t))
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+	for _, v := range []string{
+		"garbage", "[]", `{"at": "x"}`, `{"at": 1e12, "n": 0, "q": []}`, `{"at": 1e12, "n": 0, "q": {"default": ["x", 1]}}`,
+		`{"at": 1e12, "n": 0, "q": {"default": [0, "y"]}}`, `{"at": 1e300, "n": 1e300, "q": {}}`,
+	} {
+		mustExec(t, conn, "SELECT set_config('pgworker.claim_hints', $1, false)", v)
+		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
+			t.Fatalf("with pgworker.claim_hints = %s: claimed %d rows, want 1", v, len(got))
+		}
+	}
+}
