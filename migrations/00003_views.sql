@@ -55,6 +55,8 @@ WITH counts AS (
 )
 SELECT q.queue,
        q.paused,
+       q.max_running,
+       q.fair_share,
        s.state,
        coalesce(c.files, 0) AS files,
        coalesce(c.scheduled, 0) AS scheduled,
@@ -69,6 +71,8 @@ COMMENT ON VIEW files.queue_stats IS
     'One line per queue and state: how many rows, how many wait for a retry, the oldest pending age, and how many finished in the last minute and hour.';
 COMMENT ON COLUMN files.queue_stats.queue IS 'Queue name.';
 COMMENT ON COLUMN files.queue_stats.paused IS 'Whether the queue is paused.';
+COMMENT ON COLUMN files.queue_stats.max_running IS 'The queue''s fleet-wide cap on running rows; NULL for none.';
+COMMENT ON COLUMN files.queue_stats.fair_share IS 'Whether the queue''s batches take turns (files.queues.fair_share).';
 COMMENT ON COLUMN files.queue_stats.state IS 'pending, running, done, failed or cancelled.';
 COMMENT ON COLUMN files.queue_stats.files IS 'Rows of the queue in this state.';
 COMMENT ON COLUMN files.queue_stats.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff).';

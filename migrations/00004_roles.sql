@@ -33,9 +33,9 @@ GRANT USAGE ON SCHEMA files TO pgworker_worker;
 GRANT SELECT ON files.active_workers, files.queue_stats, files.worker_metrics, files.batch_progress, files.reap_state
     TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
-    files.claim(text, text[], integer, text),
+    files.claim(text, text[], integer, text, boolean),
     files.get_unprocessed_entry_by_priority(text, text),
-    files.claim_batch(text[], text[], text),
+    files.claim_batch(text[], text[], text, boolean),
     files.complete(bigint, text, integer, text, jsonb, jsonb, text),
     files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[], text),
     files.fail(bigint, text, integer, text, text, boolean, jsonb),
@@ -60,7 +60,9 @@ GRANT EXECUTE ON FUNCTION
     files.cancel(bigint[]),
     files.retry(bigint[], text),
     files.pause_queue(text),
-    files.resume_queue(text)
+    files.resume_queue(text),
+    files.set_max_running(text, integer),
+    files.set_fair_share(text, boolean)
 TO pgworker_admin;
 
 -- +goose Down
