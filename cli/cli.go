@@ -83,6 +83,7 @@ func New(cfg *Config) *CLI {
 		{cancelCommand, c.cancel},
 		{pauseCommand, c.pause},
 		{resumeCommand, c.resume},
+		{queueSetCommand, c.queueSet},
 		{dashboardCommand, c.dashboard},
 		{versionCommand, c.version},
 		{benchCommand, c.bench},
