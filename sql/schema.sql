@@ -533,11 +533,17 @@ COMMENT ON FUNCTION files.cap_room(text[]) IS
 -- +goose StatementBegin
 CREATE FUNCTION files.fair_rows(queue text, n integer)
 RETURNS TABLE (id bigint, priority integer, turn bigint)
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL keeps the plan of this statement for the session; a SQL
+    -- function would plan it again at every claim, which costs more than
+    -- running it.
     -- The batches with pending rows in the queue, at most 1,000 of them: a
     -- loose scan of files_batch_claim_idx, one probe per batch.
+    RETURN QUERY
     WITH RECURSIVE named AS (
         (SELECT f.batch FROM files.files f
          WHERE f.state = 'pending' AND f.queue = fair_rows.queue AND f.batch IS NOT NULL
@@ -578,10 +584,11 @@ AS $$
     )
     -- Larger priority first; within a priority the batches take turns: a
     -- row's turn is its batch's running rows plus its rank.
-    SELECT c.id, c.priority, coalesce(r.n, 0) + c.rank AS turn
+    SELECT c.id, c.priority, coalesce(r.n, 0) + c.rank
     FROM candidates c LEFT JOIN running r ON r.batch IS NOT DISTINCT FROM c.batch
-    ORDER BY c.priority DESC, turn, c.id
+    ORDER BY c.priority DESC, 3, c.id
     LIMIT fair_rows.n;
+END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.fair_rows(text, integer) IS
