@@ -310,8 +310,7 @@ BEGIN
     -- is written, and the token itself goes into the returned row alone.
     FOR r IN
         WITH picked AS (
-            SELECT p.id, row_number() OVER best AS ord
-            FROM unnest(v_queues, v_fair, v_room) WITH ORDINALITY AS q(name, fair, room, ord)
+            SELECT p.id FROM unnest(v_queues, v_fair, v_room) WITH ORDINALITY AS q(name, fair, room, ord)
             CROSS JOIN LATERAL (
                 SELECT o.id, o.priority, 1::bigint AS turn FROM (
                     SELECT f.id, f.priority FROM files.files f
@@ -323,8 +322,7 @@ BEGIN
                 UNION ALL
                 SELECT s.id, s.priority, s.turn FROM files.fair_rows(q.name, least(claim.max, q.room)) s WHERE q.fair
             ) p
-            WINDOW best AS (ORDER BY CASE WHEN claim.prefer THEN q.ord END, p.priority DESC, p.turn, p.id)
-            ORDER BY ord
+            ORDER BY CASE WHEN claim.prefer THEN q.ord END, p.priority DESC, p.turn, p.id
             LIMIT claim.max
         ), claimed AS (
             UPDATE files.files f
@@ -332,9 +330,12 @@ BEGIN
                 claimed_at = now(), lease_expires_at = now() + v_lease,
                 claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
             FROM picked WHERE f.id = picked.id
-            RETURNING f AS claimed_row, picked.ord
+            RETURNING f.*
         )
-        SELECT (c.claimed_row).* FROM claimed c ORDER BY c.ord
+        -- Preferred queues first, then priority and id (a window numbering
+        -- the picks costs a fifth of a one-row claim).
+        SELECT c.* FROM claimed c
+        ORDER BY CASE WHEN claim.prefer THEN array_position(v_queues, c.queue) END, c.priority DESC, c.id
     LOOP
         r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
         RETURN NEXT r;
