@@ -234,9 +234,9 @@ Changes the settings of one queue (created if it does not exist yet):
                       (files.set_max_running); 0 lets none start; none lifts
                       the cap. Rows running above a lowered cap go on.
   --fair-share on     claims take the queue's rows of equal priority from its
-                      batches in turn (the first row of each, then the
-                      second, ...), so that a small batch enqueued while a
-                      large one drains is done early; off restores id order
+                      batches in turn, the batch with the fewest running rows
+                      first, so that a small batch enqueued while a large one
+                      drains is done early; off restores id order
                       (files.set_fair_share).
 
 It needs an admin login (pgworker_admin). pgworker status shows both.`,
