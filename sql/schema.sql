@@ -601,14 +601,20 @@ COMMENT ON FUNCTION files.fair_rows(text, integer) IS
 -- +goose StatementBegin
 CREATE FUNCTION files.wake_capped(queues text[])
 RETURNS integer
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    n integer;
+BEGIN
     -- A row of a capped queue ended: the queue may have room again, which no
-    -- other notification announces.
-    SELECT count(pg_notify('files_pending', q.queue))::integer FROM files.queues q
+    -- other notification announces. (PL/pgSQL keeps the plan; files.fail
+    -- calls this for every queue.)
+    SELECT count(pg_notify('files_pending', q.queue))::integer INTO n FROM files.queues q
     WHERE q.queue = ANY (wake_capped.queues) AND q.max_running IS NOT NULL AND NOT q.paused
       AND EXISTS (SELECT 1 FROM files.files f WHERE f.state = 'pending' AND f.queue = q.queue AND f.run_after <= now());
+    RETURN n;
+END
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION files.wake_capped(text[]) IS
