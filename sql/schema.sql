@@ -889,13 +889,14 @@ BEGIN
             SET state = 'running', worker_id = p.worker_id, attempt = f.attempt + 1,
                 claimed_at = now(), lease_expires_at = now() + p.lease_timeout,
                 claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
-            FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)]) WITH ORDINALITY
-                 AS p(id, worker_id, lease_timeout, ord)
+            FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
+                 AS p(id, worker_id, lease_timeout)
             WHERE f.id = p.id
-            RETURNING f AS claimed_row, p.ord
+            RETURNING f.*
         )
-        -- In claim order.
-        SELECT (c.claimed_row).* FROM claimed c ORDER BY c.ord
+        -- Preferred queues first, then priority and id, as files.claim.
+        SELECT c.* FROM claimed c
+        ORDER BY CASE WHEN claim_batch.prefer THEN array_position(v_queues, c.queue) END, c.priority DESC, c.id
     LOOP
         r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
         RETURN NEXT r;
