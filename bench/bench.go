@@ -44,6 +44,8 @@ const (
 	sqlDeleteRows     = `DELETE FROM files.files WHERE queue = $1`
 	sqlDeleteWorkers  = `DELETE FROM files.workers WHERE worker_id LIKE $1 AND state IN ('stopped', 'dead')`
 	sqlDeleteQueue    = `DELETE FROM files.queues WHERE queue = $1`
+	sqlSetMaxRunning  = `SELECT files.set_max_running($1, $2)`
+	sqlSetFairShare   = `SELECT files.set_fair_share($1, $2)`
 	sqlVacuum         = `VACUUM ANALYZE files.files`
 	sqlPause          = `SELECT files.pause_queue($1)`
 	sqlResume         = `SELECT files.resume_queue($1)`

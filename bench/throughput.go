@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -20,6 +22,15 @@ type ThroughputConfig struct {
 	// MaxBatch is worker.Config.MaxBatch: outcomes recorded per statement.
 	// Defaults to the runtime's default.
 	MaxBatch int
+	// MaxRunning caps the queue's running rows (files.queues.max_running),
+	// to measure what the cap costs. Defaults to 0: no cap.
+	MaxRunning int
+	// FairShare makes the queue's batches take turns
+	// (files.queues.fair_share). Defaults to false.
+	FairShare bool
+	// Batches spreads the rows over this many batches, row i in batch
+	// i % Batches. Defaults to 0: rows without a batch.
+	Batches int
 }
 
 // ThroughputResult is what Throughput measured.
@@ -28,6 +39,10 @@ type ThroughputResult struct {
 	Rows     int `json:"rows"`
 	Slots    int `json:"slots"`
 	MaxConns int `json:"max_conns"`
+	// The queue's settings: MaxRunning 0 is no cap.
+	MaxRunning int  `json:"max_running"`
+	FairShare  bool `json:"fair_share"`
+	Batches    int  `json:"batches"`
 	// InsertMS is the COPY of the rows beforehand, not counted.
 	InsertMS float64 `json:"insert_ms"`
 	// StartMS is the worker's start (registering its slots, connecting its
@@ -51,14 +66,25 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 	c.Rows = orDefault(c.Rows, 20000)
 	c.Slots = orDefault(c.Slots, 100)
 	c.MaxConns = orDefault(c.MaxConns, 8)
-	res := &ThroughputResult{Rows: c.Rows, Slots: c.Slots, MaxConns: c.MaxConns}
-	err := b.run(ctx, "throughput", func(ctx context.Context) error {
+	res := &ThroughputResult{Rows: c.Rows, Slots: c.Slots, MaxConns: c.MaxConns,
+		MaxRunning: max(c.MaxRunning, 0), FairShare: c.FairShare, Batches: max(c.Batches, 0)}
+	err := b.run(ctx, "throughput", func(ctx context.Context) (err error) {
 		res.Setup = b.setup("throughput")
 		if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
 			return fmt.Errorf("bench: pause queue %s: %w", Queue, explain(err))
 		}
+		if err := b.queueSettings(ctx, res.MaxRunning, res.FairShare); err != nil {
+			return err
+		}
 		t := time.Now()
-		if err := b.copyRows(ctx, func(i int) string { return "throughput/" + strconv.Itoa(i) }, c.Rows); err != nil {
+		source := func(i int) string { return "throughput/" + strconv.Itoa(i) }
+		if res.Batches > 0 {
+			defer b.deleteBatches(context.WithoutCancel(ctx))
+			err = b.copyBatchRows(ctx, source, c.Rows, res.Batches)
+		} else {
+			err = b.copyRows(ctx, source, c.Rows)
+		}
+		if err != nil {
 			return err
 		}
 		res.InsertMS = ms(time.Since(t))
@@ -107,4 +133,49 @@ func orDefault[T int | float64 | time.Duration](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// queueSettings gives Queue a cap on its running rows (none for 0) and fair
+// share between its batches.
+func (b *Bench) queueSettings(ctx context.Context, maxRunning int, fairShare bool) error {
+	if maxRunning > 0 {
+		if _, err := b.pool.Exec(ctx, sqlSetMaxRunning, Queue, maxRunning); err != nil {
+			return fmt.Errorf("bench: cap queue %s: %w", Queue, explain(err))
+		}
+	}
+	if fairShare {
+		if _, err := b.pool.Exec(ctx, sqlSetFairShare, Queue, true); err != nil {
+			return fmt.Errorf("bench: fair share in queue %s: %w", Queue, explain(err))
+		}
+	}
+	return nil
+}
+
+// copyBatchRows is copyRows with row i in batch pgworker-bench-(i % batches).
+func (b *Bench) copyBatchRows(ctx context.Context, sources func(i int) string, n, batches int) error {
+	vals := make([]any, 4)
+	i := -1
+	src := pgx.CopyFromFunc(func() ([]any, error) {
+		i++
+		if i >= n {
+			return nil, nil
+		}
+		vals[0], vals[1], vals[2], vals[3] = Queue, sources(i), int32(1), batchPrefix+strconv.Itoa(i%batches)
+		return vals, nil
+	})
+	got, err := b.pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, []string{"queue", "source", "max_attempts", "batch"}, src)
+	if err != nil {
+		return fmt.Errorf("bench: COPY scratch rows: %w", explain(err))
+	}
+	if got != int64(n) {
+		return fmt.Errorf("bench: COPY loaded %d rows, want %d", got, n)
+	}
+	return nil
+}
+
+// deleteBatches removes the benchmark's batches.
+func (b *Bench) deleteBatches(ctx context.Context) {
+	if _, err := b.pool.Exec(ctx, sqlDeleteBatches); err != nil {
+		b.logger.Debug("bench: delete the benchmark's batches", "error", err)
+	}
 }

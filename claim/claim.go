@@ -49,12 +49,13 @@ import (
 )
 
 // sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL:
-// all) with the slots' key $3; sqlClaimOne the row of one worker id.
+// all) with the slots' key $3, in the order of $2 when $4 prefers it;
+// sqlClaimOne the row of one worker id.
 const (
 	claimColumns = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
        created_at, claimed_at, lease_expires_at, coalesce(last_error, ''), claim_token`
-	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3)`
-	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3)`
+	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3, $4)`
+	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3, $4)`
 )
 
 // minAsk is the fewest idle slots a claim asks rows for when more are idle.
@@ -88,6 +89,12 @@ type Row struct {
 type Config struct {
 	// Queues to claim from. Defaults to all queues.
 	Queues []string
+
+	// Prefer makes Queues an order of preference: a claim takes the rows
+	// of the first queue while it has claimable ones, and those of the next
+	// only for the slots left over, in the same single query. Defaults to
+	// false: larger priority first across the queues, then id.
+	Prefer bool
 
 	// Idle are the worker ids of the slots that start idle. More can be
 	// added with Free.
@@ -136,6 +143,7 @@ type Stats struct {
 type Claimer struct {
 	pool       *pgxpool.Pool
 	queues     []string
+	prefer     bool
 	key        *string
 	doorbell   <-chan struct{}
 	safetyNet  time.Duration
@@ -168,6 +176,7 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 	c := &Claimer{
 		pool:        pool,
 		queues:      slices.Clone(cfg.Queues),
+		prefer:      cfg.Prefer,
 		idle:        slices.Clone(cfg.Idle),
 		doorbell:    cfg.Doorbell,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
@@ -200,7 +209,7 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 	if len(workerIDs) == 1 {
 		sql, ids = sqlClaimOne, workerIDs[0]
 	}
-	rs, err := c.pool.Query(ctx, sql, ids, c.queues, c.key)
+	rs, err := c.pool.Query(ctx, sql, ids, c.queues, c.key, c.prefer)
 	if err != nil {
 		return nil, c.countErr(err)
 	}

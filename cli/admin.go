@@ -221,3 +221,107 @@ func parseIDs(args []string) ([]int64, error) {
 	}
 	return ids, nil
 }
+
+var queueSetCommand = &command{
+	name:    "queue",
+	args:    "set [flags] QUEUE",
+	summary: "set a queue's fleet-wide cap on running rows and its fair share",
+	help: `
+Changes the settings of one queue (created if it does not exist yet):
+
+  --max-running N     at most N rows of the queue run at once across the whole
+                      fleet, however many workers claim at the same moment
+                      (files.set_max_running); 0 lets none start; none lifts
+                      the cap. Rows running above a lowered cap go on.
+  --fair-share on     claims take the queue's rows of equal priority from its
+                      batches in turn, the batch with the fewest running rows
+                      first, so that a small batch enqueued while a large one
+                      drains is done early; off restores id order
+                      (files.set_fair_share).
+
+It needs an admin login (pgworker_admin). pgworker status shows both.`,
+	examples: `
+pgworker queue set --max-running 8 licensed
+pgworker queue set --max-running none licensed
+pgworker queue set --fair-share on scans`,
+}
+
+func (c *CLI) queueSet(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		return usagef("say set (see 'pgworker queue --help')")
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		e.invocation(queueSetCommand).fs.printHelp(e.stdout)
+		return nil
+	case "set":
+	default:
+		return usagef("unknown queue command %q: say set (see 'pgworker queue --help')", args[0])
+	}
+	inv := e.invocation(queueSetCommand)
+	args = args[1:]
+	var maxRunning, fairShare string
+	inv.fs.StringVar(&maxRunning, "max-running", "", "fleet-wide cap on the queue's running rows: `N` (0 or more), or none")
+	inv.fs.StringVar(&fairShare, "fair-share", "", "`on` or off: the queue's batches take turns")
+	if help, err := inv.parse(args); help || err != nil {
+		return err
+	}
+	if inv.fs.NArg() != 1 {
+		return usagef("give exactly one queue name after the flags (see 'pgworker queue --help')")
+	}
+	name := inv.fs.Arg(0)
+	if err := queue.CheckQueue(name); err != nil {
+		return usagef("%v", err)
+	}
+	if !inv.fs.given("max-running") && !inv.fs.given("fair-share") {
+		return usagef("say what to set: --max-running N|none, --fair-share on|off")
+	}
+	limit := -1 // none
+	if inv.fs.given("max-running") && maxRunning != "none" {
+		n, err := strconv.Atoi(maxRunning)
+		if err != nil || n < 0 {
+			return usagef("--max-running %q: give a number of rows (0 or more), or none to lift the cap", maxRunning)
+		}
+		limit = n
+	}
+	var fair bool
+	switch fairShare {
+	case "on":
+		fair = true
+	case "off", "":
+	default:
+		return usagef("--fair-share %q: say on or off", fairShare)
+	}
+
+	q, done, err := inv.client(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if inv.fs.given("max-running") {
+		if limit < 0 {
+			err = q.ClearMaxRunning(ctx, name)
+		} else {
+			err = q.SetMaxRunning(ctx, name, limit)
+		}
+		if err != nil {
+			return explain(err)
+		}
+		if limit < 0 {
+			fmt.Fprintf(e.stdout, "queue %q: no cap on running rows\n", name)
+		} else {
+			fmt.Fprintf(e.stdout, "queue %q: at most %d running %s across the fleet\n", name, limit, plural(int64(limit), "row", "rows"))
+		}
+	}
+	if inv.fs.given("fair-share") {
+		if err := q.SetFairShare(ctx, name, fair); err != nil {
+			return explain(err)
+		}
+		if fair {
+			fmt.Fprintf(e.stdout, "queue %q: its batches take turns\n", name)
+		} else {
+			fmt.Fprintf(e.stdout, "queue %q: rows in priority, then id order, whatever their batch\n", name)
+		}
+	}
+	return nil
+}

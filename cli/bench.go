@@ -324,7 +324,8 @@ type benchFlags struct {
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
 	batches, exportRows, clients, attempts, depth                     int
 	rate, present                                                     float64
-	noKey                                                             bool
+	noKey, fairShare                                                  bool
+	maxRunning                                                        int
 	depths, execCmd, inputStore, outputStore, poolURL                 string
 	interval, duration, phase, sampleEvery, pruneEvery, keep          time.Duration
 	depthList                                                         []int // parsed from depths
@@ -339,6 +340,9 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.rows, "rows", 20000, "`N` rows to burn down")
 		fs.IntVar(&f.slots, "slots", 100, "`N` slots of the worker")
 		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+		fs.IntVar(&f.maxRunning, "max-running", 0, "cap the queue's running rows at `N` (files.queues.max_running), to measure what the cap costs; 0 for none")
+		fs.BoolVar(&f.fairShare, "fair-share", false, "let the queue's batches take turns (files.queues.fair_share)")
+		fs.IntVar(&f.batches, "batches", 0, "spread the rows over `N` batches (0: rows without a batch)")
 	case "latency":
 		fs.IntVar(&f.rows, "rows", 500, "`N` rows to insert and time")
 		fs.Float64Var(&f.rate, "rate", 50, "rows inserted per second")
@@ -415,9 +419,16 @@ func (f *benchFlags) check(fs *flagSet) error {
 		{"processes", f.processes, 500}, {"chunk-size", f.batchSize, 1_000_000}, {"size", f.size, 1 << 30}, {"rounds", f.rounds, 1000},
 		{"batches", f.batches, 10_000}, {"export-rows", f.exportRows, 100_000_000}, {"queries", f.claims, 1_000_000},
 		{"clients", f.clients, 1000}, {"batch", f.batchSize, 100_000}, {"attempts", f.attempts, 100_000_000}} {
-		if fs.Lookup(fl.name) != nil && (fl.v < 1 || fl.v > fl.high) {
-			return usagef("--%s must be between 1 and %d", fl.name, fl.high)
+		low := 1
+		if f.mode == "throughput" && fl.name == "batches" {
+			low = 0 // rows without a batch
 		}
+		if fs.Lookup(fl.name) != nil && (fl.v < low || fl.v > fl.high) {
+			return usagef("--%s must be between %d and %d", fl.name, low, fl.high)
+		}
+	}
+	if f.maxRunning < 0 {
+		return usagef("--max-running must not be negative (0: no cap)")
 	}
 	if f.timeout <= 0 {
 		return usagef("--timeout must be positive")
@@ -485,7 +496,8 @@ func (f *benchFlags) check(fs *flagSet) error {
 func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *benchFlags) (any, error) {
 	switch f.mode {
 	case "throughput":
-		return b.Throughput(ctx, &bench.ThroughputConfig{Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns})
+		return b.Throughput(ctx, &bench.ThroughputConfig{Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns,
+			MaxRunning: f.maxRunning, FairShare: f.fairShare, Batches: f.batches})
 	case "latency":
 		return b.Latency(ctx, &bench.LatencyConfig{Rows: f.rows, Rate: f.rate, Slots: f.slots})
 	case "claim-depth":

@@ -85,6 +85,7 @@ func New(cfg *Config) *CLI {
 		{resumeCommand, c.resume},
 		{pruneCommand, c.prune},
 		{retentionCommand, c.retention},
+		{queueSetCommand, c.queueSet},
 		{dashboardCommand, c.dashboard},
 		{versionCommand, c.version},
 		{benchCommand, c.bench},

@@ -531,3 +531,56 @@ func TestRunFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestQueueSet(t *testing.T) {
+	t.Parallel()
+	url, pool := newDB(t)
+	if out := ok(t, url, "", "queue", "set", "--max-running", "4", "--fair-share", "on", "lic"); !strings.Contains(out, `queue "lic": at most 4 running rows across the fleet`) ||
+		!strings.Contains(out, "its batches take turns") {
+		t.Errorf("queue set:\n%s", out)
+	}
+	var maxRunning *int32
+	var fair bool
+	read := func() {
+		t.Helper()
+		if err := pool.QueryRow(context.Background(), "SELECT max_running, fair_share FROM files.queues WHERE queue = 'lic'").Scan(&maxRunning, &fair); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read()
+	if maxRunning == nil || *maxRunning != 4 || !fair {
+		t.Fatalf("after queue set: max_running %v, fair_share %v", maxRunning, fair)
+	}
+	var st struct {
+		Queues []struct {
+			MaxRunning *int `json:"max_running"`
+			FairShare  bool `json:"fair_share"`
+		} `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(ok(t, url, "", "status", "--json")), &st); err != nil || len(st.Queues) != 1 ||
+		st.Queues[0].MaxRunning == nil || *st.Queues[0].MaxRunning != 4 || !st.Queues[0].FairShare {
+		t.Errorf("status --json: %+v, %v", st, err)
+	}
+	if out := ok(t, url, "", "status"); !strings.Contains(out, "MAX RUNNING  FAIR SHARE") {
+		t.Errorf("status lacks the settings' columns:\n%s", out)
+	}
+	ok(t, url, "", "queue", "set", "--max-running", "none", "--fair-share", "off", "lic")
+	read()
+	if maxRunning != nil || fair {
+		t.Fatalf("after lifting: max_running %v, fair_share %v", maxRunning, fair)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue", "set", "lic"}, "say what to set"},
+		{[]string{"queue", "set", "--max-running", "-1", "lic"}, "give a number of rows"},
+		{[]string{"queue", "set", "--max-running", "lots", "lic"}, "give a number of rows"},
+		{[]string{"queue", "set", "--fair-share", "maybe", "lic"}, "say on or off"},
+		{[]string{"queue", "set", "--max-running", "1"}, "exactly one queue name"},
+		{[]string{"queue", "unset", "lic"}, "unknown queue command"},
+		{[]string{"queue"}, "say set"},
+	} {
+		fails(t, url, "", 2, []string{tc.want}, tc.args...)
+	}
+}

@@ -62,11 +62,18 @@ when its row ends. It cannot read the worker's memory or environment through
 Exit status 0 completes the row; any other status, a signal or a timeout
 fails the attempt, and the row is retried with backoff until its
 max_attempts. A program that is missing or not executable fails the row at
-once.`,
+once.
+
+Across several --queue, rows of larger priority are taken first, then the
+older. With --prefer the order of --queue is an order of preference: the
+slots take the first queue's rows while it has claimable ones, and help with
+the next queue's only when it has none ("stealing"). A queue's fleet-wide cap
+and fair share between its batches are set with 'pgworker queue set'.`,
 	examples: `
 pgworker run --exec 'convert {input} -thumbnail 200x200 {output_dir}/thumb.jpg' \
     --input-store s3://photos --output-store s3://thumbs --slots 4
 pgworker run --exec '/mnt/tools/bin/analyze --id {id} "{input}"' --queue urgent --queue default --timeout 30m
+pgworker run --exec 'render {input} {output_dir}' --queue gpu --queue cpu --prefer --slots 8
 PGWORKER_EXEC='ocr {input} {output_dir}' PGWORKER_SLOTS=2-16 pgworker run`,
 }
 
@@ -82,6 +89,8 @@ type RunConfig struct {
 	SlotsMin, SlotsMax int
 	// Queues to serve; nil means all.
 	Queues []string
+	// PreferQueues makes Queues an order of preference (--prefer).
+	PreferQueues bool
 	// Then is the queue that each completed row's outputs are enqueued
 	// into (--then); "" for none.
 	Then string
@@ -153,6 +162,7 @@ type runFlags struct {
 	inputStore, outputStore                                   string
 	queues, passEnv                                           listFlag
 	runAs, then                                               string
+	prefer                                                    bool
 	rowLogLines, rowLogBytes                                  int
 	timeout, heartbeat, leaseTimeout, drainTimeout, killGrace time.Duration
 	pruneInterval                                             time.Duration
@@ -167,6 +177,8 @@ func (f *runFlags) add(fs *flagSet) {
 	fs.env("slots", "PGWORKER_SLOTS")
 	fs.Var(&f.queues, "queue", "serve this `QUEUE` (repeat for several; default all); the twin takes a comma-separated list")
 	fs.env("queue", "PGWORKER_QUEUES")
+	fs.BoolVar(&f.prefer, "prefer", false, "take the rows of each --queue only while the ones given before it have none claimable (default: larger priority first across the queues)")
+	fs.env("prefer", "PGWORKER_PREFER")
 	fs.DurationVar(&f.timeout, "timeout", time.Hour, "longest run of the program for one row; 0 for none")
 	fs.env("timeout", "PGWORKER_TIMEOUT")
 	fs.DurationVar(&f.heartbeat, "heartbeat", worker.DefaultHeartbeatInterval, "how often the slots prove they are alive")
@@ -220,6 +232,9 @@ func (f *runFlags) check(fs *flagSet) (*RunConfig, error) {
 	if f.maxOutputFiles < 0 {
 		return nil, usagef("--max-output-files must not be negative (0 means no bound)")
 	}
+	if f.prefer && len(f.queues) < 2 {
+		return nil, usagef("--prefer needs two or more --queue, in the order of preference (e.g. --queue gpu --queue cpu --prefer)")
+	}
 	if f.then != "" {
 		switch {
 		case !migrations.ValidQueueName(f.then):
@@ -231,7 +246,7 @@ func (f *runFlags) check(fs *flagSet) (*RunConfig, error) {
 		}
 	}
 	cfg := &RunConfig{
-		Exec: f.exec, Queues: f.queues, Then: f.then, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
+		Exec: f.exec, Queues: f.queues, PreferQueues: f.prefer, Then: f.then, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
 		DrainTimeout: f.drainTimeout, KillGrace: f.killGrace, PruneInterval: pruneEvery(f.pruneInterval),
 		MetricsAddr: f.metricsAddr, WorkDir: f.workDir,
 		MaxOutputFiles: noBound(f.maxOutputFiles), MaxOutputBytes: noBound(int64(f.maxOutputBytes)),
@@ -311,7 +326,7 @@ func (c *CLI) startRun(ctx context.Context, inv *invocation, cfg *RunConfig) err
 		slots += "-" + strconv.Itoa(cfg.SlotsMax)
 	}
 	cfg.Logger.Info("pgworker run starting", "version", cfg.Version, "database", RedactURL(cfg.DatabaseURL),
-		"exec", cfg.Exec, "program", cfg.Backend.Program(), "slots", slots, "queues", []string(cfg.Queues),
+		"exec", cfg.Exec, "program", cfg.Backend.Program(), "slots", slots, "queues", []string(cfg.Queues), "prefer", cfg.PreferQueues,
 		"heartbeat", cfg.Heartbeat, "lease_timeout", cfg.LeaseTimeout, "timeout", cfg.Timeout)
 	return c.cfg.RunWorkers(ctx, cfg)
 }

@@ -19,7 +19,8 @@ Shows, from one consistent snapshot of the views files.queue_stats,
 files.batch_progress, files.active_workers and files.worker_metrics:
 
   - each queue: rows per state, the age of the oldest pending row, rows
-    finished in the last minute and hour;
+    finished in the last minute and hour, its fleet-wide cap on running rows
+    and whether its batches share fairly (pgworker queue set);
   - each batch that is open or ended in the last hour: a progress bar, rows
     per state, the recent rate and the time left at that rate;
   - each live worker slot: the row it holds and for how long, its last
@@ -32,7 +33,8 @@ With --json it prints one JSON object (see Status in the queue package),
 whose fields are stable:
 
   {"generated_at": time,
-   "queues": [{"queue", "paused", "pending", "scheduled", "running", "done",
+   "queues": [{"queue", "paused", "max_running" (null when none),
+               "fair_share", "pending", "scheduled", "running", "done",
                "failed", "cancelled", "oldest_pending_seconds" (null when
                none), "finished_last_minute", "finished_last_hour"}],
    "active_workers": [{"worker_id", "node", "pid", "slot", "state", "version",
@@ -101,10 +103,15 @@ func printQueues(w io.Writer, queues []queue.QueueStatus) {
 		fmt.Fprintln(w, "No queues yet: add work with pgworker enqueue.")
 		return
 	}
-	fmt.Fprintln(w, "QUEUE\tPAUSED\tPENDING\tSCHEDULED\tRUNNING\tDONE\tFAILED\tCANCELLED\tOLDEST PENDING\tFINISHED 1M\tFINISHED 1H")
+	fmt.Fprintln(w, "QUEUE\tPAUSED\tPENDING\tSCHEDULED\tRUNNING\tDONE\tFAILED\tCANCELLED\tOLDEST PENDING\tFINISHED 1M\tFINISHED 1H\tMAX RUNNING\tFAIR SHARE")
 	for _, q := range queues {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\n", printable(q.Queue), yesNo(q.Paused), q.Pending, q.Scheduled,
-			q.Running, q.Done, q.Failed, q.Cancelled, secondsText(q.OldestPendingSeconds), q.FinishedLastMinute, q.FinishedLastHour)
+		maxRunning := "-"
+		if q.MaxRunning != nil {
+			maxRunning = strconv.Itoa(int(*q.MaxRunning))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n", printable(q.Queue), yesNo(q.Paused), q.Pending, q.Scheduled,
+			q.Running, q.Done, q.Failed, q.Cancelled, secondsText(q.OldestPendingSeconds), q.FinishedLastMinute, q.FinishedLastHour,
+			maxRunning, yesNo(q.FairShare))
 	}
 }
 

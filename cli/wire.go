@@ -50,6 +50,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 	w, err := worker.New(cfg.Pool, &worker.Config{
 		Handler:           handler,
 		Queues:            cfg.Queues,
+		PreferQueues:      cfg.PreferQueues,
 		Then:              cfg.Then,
 		Slots:             cfg.SlotsMin,
 		MaxSlots:          cfg.SlotsMax,

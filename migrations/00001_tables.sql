@@ -14,9 +14,12 @@ CREATE TABLE files.queues (
     paused_at     timestamptz,
     backoff_base  interval    NOT NULL DEFAULT '1 second',
     backoff_max   interval    NOT NULL DEFAULT '1 hour',
+    max_running   integer,
+    fair_share    boolean     NOT NULL DEFAULT false,
     created_at    timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT queues_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
-    CONSTRAINT queues_backoff_valid CHECK (backoff_base > '0' AND backoff_max >= backoff_base)
+    CONSTRAINT queues_backoff_valid CHECK (backoff_base > '0' AND backoff_max >= backoff_base),
+    CONSTRAINT queues_max_running_valid CHECK (max_running >= 0)
 );
 COMMENT ON TABLE files.queues IS
     'One row per queue. Rows appear by themselves when work is first enqueued in a queue.';
@@ -27,6 +30,14 @@ COMMENT ON COLUMN files.queues.paused_at IS 'When the queue was last paused; NUL
 COMMENT ON COLUMN files.queues.backoff_base IS
     'Retry delay after the first failed attempt; it doubles with each further attempt (with jitter).';
 COMMENT ON COLUMN files.queues.backoff_max IS 'Upper bound of the retry delay.';
+COMMENT ON COLUMN files.queues.max_running IS
+    'Fleet-wide cap on the queue''s running rows, enforced inside files.claim and files.claim_batch however many '
+    'workers claim at once; NULL (the default) for none. Rows running when a cap is lowered go on. Set with '
+    'files.set_max_running.';
+COMMENT ON COLUMN files.queues.fair_share IS
+    'When true, claims take the queue''s rows of equal priority from its batches in turn (the batch with the fewest '
+    'running rows first) instead of in id order, so that a small batch is not stuck behind a large one; rows without '
+    'a batch share as one more. Set with files.set_fair_share.';
 COMMENT ON COLUMN files.queues.created_at IS 'When the queue was first seen.';
 
 CREATE TABLE files.files (
@@ -102,6 +113,11 @@ COMMENT ON COLUMN files.files.unique_key IS
 -- backlog however many finished rows the table keeps.
 CREATE INDEX files_claim_idx ON files.files (queue, priority DESC, id) WHERE state = 'pending';
 COMMENT ON INDEX files.files_claim_idx IS 'Serves files.claim: pending rows per queue in priority, then id order.';
+-- The same per batch, for queues whose batches take turns (files.fair_rows):
+-- one probe finds a batch's next rows without passing another batch's.
+CREATE INDEX files_batch_claim_idx ON files.files (queue, batch, priority DESC, id) WHERE state = 'pending';
+COMMENT ON INDEX files.files_batch_claim_idx IS
+    'Serves fair share (files.fair_rows): pending rows per queue and batch in priority, then id order.';
 -- Running rows by holder, for heartbeats, fencing and reaping.
 CREATE INDEX files_running_idx ON files.files (worker_id) WHERE state = 'running';
 COMMENT ON INDEX files.files_running_idx IS 'Running rows by worker slot: heartbeats, reap, active_workers.';

@@ -86,6 +86,8 @@ scheduled AS (
 )
 SELECT q.queue,
        q.paused,
+       q.max_running,
+       q.fair_share,
        coalesce(c.rows, 0) - coalesce(r.running, 0) - coalesce(c.done, 0) - coalesce(c.failed, 0)
            - coalesce(c.cancelled, 0) AS pending,
        coalesce(r.running, 0) AS running,
@@ -128,6 +130,8 @@ COMMENT ON VIEW files.queue_summary IS
     'never the whole table.';
 COMMENT ON COLUMN files.queue_summary.queue IS 'Queue name.';
 COMMENT ON COLUMN files.queue_summary.paused IS 'Whether the queue is paused.';
+COMMENT ON COLUMN files.queue_summary.max_running IS 'The fleet-wide cap on the queue''s running rows; NULL for none.';
+COMMENT ON COLUMN files.queue_summary.fair_share IS 'Whether claims share the queue''s slots among its batches.';
 COMMENT ON COLUMN files.queue_summary.pending IS 'Rows waiting to run, retries waiting for run_after among them.';
 COMMENT ON COLUMN files.queue_summary.running IS 'Rows held by worker slots now.';
 COMMENT ON COLUMN files.queue_summary.done IS 'Rows done.';
@@ -147,6 +151,8 @@ COMMENT ON COLUMN files.queue_summary.cancelled_last_hour IS 'Rows that became c
 CREATE VIEW files.queue_stats AS
 SELECT s.queue,
        s.paused,
+       s.max_running,
+       s.fair_share,
        x.state,
        x.files,
        CASE WHEN x.state = 'pending' THEN s.scheduled ELSE 0 END AS scheduled,
@@ -167,6 +173,8 @@ COMMENT ON VIEW files.queue_stats IS
     'in the last minute and hour. files.queue_summary side by side; as cheap as it.';
 COMMENT ON COLUMN files.queue_stats.queue IS 'Queue name.';
 COMMENT ON COLUMN files.queue_stats.paused IS 'Whether the queue is paused.';
+COMMENT ON COLUMN files.queue_stats.max_running IS 'The queue''s fleet-wide cap on running rows; NULL for none.';
+COMMENT ON COLUMN files.queue_stats.fair_share IS 'Whether the queue''s batches take turns (files.queues.fair_share).';
 COMMENT ON COLUMN files.queue_stats.state IS 'pending, running, done, failed or cancelled.';
 COMMENT ON COLUMN files.queue_stats.files IS 'Rows of the queue in this state.';
 COMMENT ON COLUMN files.queue_stats.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff).';

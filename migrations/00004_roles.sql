@@ -34,9 +34,9 @@ GRANT SELECT ON files.active_workers, files.queue_summary, files.queue_stats, fi
     files.reap_state
     TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
-    files.claim(text, text[], integer, text),
+    files.claim(text, text[], integer, text, boolean),
     files.get_unprocessed_entry_by_priority(text, text),
-    files.claim_batch(text[], text[], text),
+    files.claim_batch(text[], text[], text, boolean),
     files.complete(bigint, text, integer, text, jsonb, jsonb, text),
     files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[], text),
     files.fail(bigint, text, integer, text, text, boolean, jsonb),
@@ -61,7 +61,9 @@ GRANT EXECUTE ON FUNCTION
     files.cancel(bigint[]),
     files.retry(bigint[], text),
     files.pause_queue(text),
-    files.resume_queue(text)
+    files.resume_queue(text),
+    files.set_max_running(text, integer),
+    files.set_fair_share(text, boolean)
 TO pgworker_admin;
 
 -- +goose Down

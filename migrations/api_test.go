@@ -573,6 +573,13 @@ func TestRoles(t *testing.T) {
 		refused(tx, "UPDATE files.workers SET state = 'dead'")
 		refused(tx, "SELECT files.cancel(1)")
 		refused(tx, "SELECT files.pause_queue('default')")
+		refused(tx, "SELECT files.set_max_running('default', 1000)")
+		refused(tx, "SELECT files.set_fair_share('default', true)")
+		refused(tx, "UPDATE files.queues SET max_running = NULL")
+		// The claims' helpers run inside them only.
+		refused(tx, "SELECT files.cap_room(ARRAY['default'])")
+		refused(tx, "SELECT * FROM files.fair_rows('default', 10000)")
+		refused(tx, "SELECT files.wake_capped(ARRAY['default'])")
 	})
 	as("pgworker_reader", func(tx pgx.Tx) {
 		mustExec(t, tx, "SELECT * FROM files.files")
@@ -585,6 +592,7 @@ func TestRoles(t *testing.T) {
 		refused(tx, "SELECT * FROM files.claim('r', key => 'test-key-0123456789')")
 		refused(tx, "SELECT files.reap()")
 		refused(tx, "SELECT files.retry()")
+		refused(tx, "SELECT files.set_max_running('default', 1)")
 	})
 	as("pgworker_admin", func(tx pgx.Tx) {
 		mustExec(t, tx, "INSERT INTO files.files (source) VALUES ('c')")
@@ -592,7 +600,10 @@ func TestRoles(t *testing.T) {
 		mustExec(t, tx, "SELECT files.resume_queue('default')")
 		mustExec(t, tx, "SELECT files.cancel(2)")
 		mustExec(t, tx, "SELECT files.retry(ARRAY[2::bigint])")
+		mustExec(t, tx, "SELECT files.set_max_running('default', 3)")
+		mustExec(t, tx, "SELECT files.set_fair_share('default', true)")
 		refused(tx, "UPDATE files.files SET state = 'done'")
+		refused(tx, "UPDATE files.queues SET max_running = NULL")
 	})
 }
 

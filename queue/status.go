@@ -13,7 +13,7 @@ import (
 
 const (
 	sqlQueueStats = `
-SELECT queue, paused, state, files, scheduled, oldest_pending_age, finished_last_minute, finished_last_hour
+SELECT queue, paused, max_running, fair_share, state, files, scheduled, oldest_pending_age, finished_last_minute, finished_last_hour
 FROM files.queue_stats`
 
 	sqlActiveWorkers = `
@@ -45,14 +45,19 @@ type Status struct {
 
 // QueueStatus is one queue of files.queue_stats, its states side by side.
 type QueueStatus struct {
-	Queue     string `json:"queue"`
-	Paused    bool   `json:"paused"`
-	Pending   int64  `json:"pending"`
-	Scheduled int64  `json:"scheduled"` // of the pending rows, those waiting for a retry (run_after)
-	Running   int64  `json:"running"`
-	Done      int64  `json:"done"`
-	Failed    int64  `json:"failed"`
-	Cancelled int64  `json:"cancelled"`
+	Queue  string `json:"queue"`
+	Paused bool   `json:"paused"`
+	// MaxRunning is the queue's fleet-wide cap on running rows; nil for
+	// none.
+	MaxRunning *int32 `json:"max_running"`
+	// FairShare reports whether the queue's batches take turns.
+	FairShare bool  `json:"fair_share"`
+	Pending   int64 `json:"pending"`
+	Scheduled int64 `json:"scheduled"` // of the pending rows, those waiting for a retry (run_after)
+	Running   int64 `json:"running"`
+	Done      int64 `json:"done"`
+	Failed    int64 `json:"failed"`
+	Cancelled int64 `json:"cancelled"`
 	// OldestPendingSeconds is the age of the oldest pending row; nil when
 	// none is pending.
 	OldestPendingSeconds *float64 `json:"oldest_pending_seconds"`
@@ -153,18 +158,19 @@ func readQueues(ctx context.Context, tx pgx.Tx) ([]QueueStatus, error) {
 	for rows.Next() {
 		var (
 			queue, state     string
-			paused           bool
+			paused, fair     bool
+			maxRunning       *int32
 			n, sched, m1, h1 int64
 			oldest           pgtype.Interval
 		)
-		if err := rows.Scan(&queue, &paused, &state, &n, &sched, &oldest, &m1, &h1); err != nil {
+		if err := rows.Scan(&queue, &paused, &maxRunning, &fair, &state, &n, &sched, &oldest, &m1, &h1); err != nil {
 			return nil, err
 		}
 		i, ok := byQueue[queue]
 		if !ok {
 			i = len(out)
 			byQueue[queue] = i
-			out = append(out, QueueStatus{Queue: queue, Paused: paused})
+			out = append(out, QueueStatus{Queue: queue, Paused: paused, MaxRunning: maxRunning, FairShare: fair})
 		}
 		q := &out[i]
 		switch state {

@@ -26,9 +26,12 @@ CREATE TABLE files.queues (
     paused_at     timestamptz,
     backoff_base  interval    NOT NULL DEFAULT '1 second',
     backoff_max   interval    NOT NULL DEFAULT '1 hour',
+    max_running   integer,
+    fair_share    boolean     NOT NULL DEFAULT false,
     created_at    timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT queues_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
-    CONSTRAINT queues_backoff_valid CHECK (backoff_base > '0' AND backoff_max >= backoff_base)
+    CONSTRAINT queues_backoff_valid CHECK (backoff_base > '0' AND backoff_max >= backoff_base),
+    CONSTRAINT queues_max_running_valid CHECK (max_running >= 0)
 );
 COMMENT ON TABLE files.queues IS
     'One row per queue. Rows appear by themselves when work is first enqueued in a queue.';
@@ -39,6 +42,14 @@ COMMENT ON COLUMN files.queues.paused_at IS 'When the queue was last paused; NUL
 COMMENT ON COLUMN files.queues.backoff_base IS
     'Retry delay after the first failed attempt; it doubles with each further attempt (with jitter).';
 COMMENT ON COLUMN files.queues.backoff_max IS 'Upper bound of the retry delay.';
+COMMENT ON COLUMN files.queues.max_running IS
+    'Fleet-wide cap on the queue''s running rows, enforced inside files.claim and files.claim_batch however many '
+    'workers claim at once; NULL (the default) for none. Rows running when a cap is lowered go on. Set with '
+    'files.set_max_running.';
+COMMENT ON COLUMN files.queues.fair_share IS
+    'When true, claims take the queue''s rows of equal priority from its batches in turn (the batch with the fewest '
+    'running rows first) instead of in id order, so that a small batch is not stuck behind a large one; rows without '
+    'a batch share as one more. Set with files.set_fair_share.';
 COMMENT ON COLUMN files.queues.created_at IS 'When the queue was first seen.';
 
 CREATE TABLE files.files (
@@ -114,6 +125,11 @@ COMMENT ON COLUMN files.files.unique_key IS
 -- backlog however many finished rows the table keeps.
 CREATE INDEX files_claim_idx ON files.files (queue, priority DESC, id) WHERE state = 'pending';
 COMMENT ON INDEX files.files_claim_idx IS 'Serves files.claim: pending rows per queue in priority, then id order.';
+-- The same per batch, for queues whose batches take turns (files.fair_rows):
+-- one probe finds a batch's next rows without passing another batch's.
+CREATE INDEX files_batch_claim_idx ON files.files (queue, batch, priority DESC, id) WHERE state = 'pending';
+COMMENT ON INDEX files.files_batch_claim_idx IS
+    'Serves fair share (files.fair_rows): pending rows per queue and batch in priority, then id order.';
 -- Running rows by holder, for heartbeats, fencing and reaping.
 CREATE INDEX files_running_idx ON files.files (worker_id) WHERE state = 'running';
 COMMENT ON INDEX files.files_running_idx IS 'Running rows by worker slot: heartbeats, reap, active_workers.';
@@ -543,7 +559,7 @@ COMMENT ON FUNCTION files.output_keys(jsonb) IS
 -- whole-range search that runs at the session's first claim, then at least
 -- once a second and every 64th claim.
 
-CREATE FUNCTION files.pick(queues text[], n integer)
+CREATE FUNCTION files.pick(queues text[], n integer, rooms integer[] DEFAULT NULL, prefer boolean DEFAULT false)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -602,8 +618,8 @@ BEGIN
     -- followed by a full one: no rows still means nothing is claimable.
     LOOP
         WITH picked AS (
-            SELECT q.name, l.id, l.priority
-            FROM unnest(pick.queues, v_hp, v_hid) AS q(name, hp, hid)
+            SELECT q.name, q.ord, l.id, l.priority
+            FROM unnest(pick.queues, v_hp, v_hid, pick.rooms) WITH ORDINALITY AS q(name, hp, hid, room, ord)
             CROSS JOIN LATERAL (
                 SELECT a.id, a.priority FROM (
                     SELECT * FROM (
@@ -611,7 +627,7 @@ BEGIN
                         WHERE f.state = 'pending' AND f.queue = q.name AND f.priority > coalesce(q.hp, 2147483647)
                           AND f.run_after <= now()
                         ORDER BY f.priority DESC, f.id
-                        LIMIT pick.n
+                        LIMIT least(pick.n, q.room)
                         FOR UPDATE SKIP LOCKED) above
                     UNION ALL
                     SELECT * FROM (
@@ -623,7 +639,7 @@ BEGIN
                           AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
                           AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
                         ORDER BY f.priority DESC, f.id
-                        LIMIT pick.n
+                        LIMIT least(pick.n, q.room)
                         FOR UPDATE SKIP LOCKED) here
                     UNION ALL
                     SELECT * FROM (
@@ -631,14 +647,15 @@ BEGIN
                         WHERE f.state = 'pending' AND f.queue = q.name AND f.priority < coalesce(q.hp, 2147483647)
                           AND f.run_after <= now()
                         ORDER BY f.priority DESC, f.id
-                        LIMIT pick.n
+                        LIMIT least(pick.n, q.room)
                         FOR UPDATE SKIP LOCKED) below
                 ) a
-                LIMIT pick.n
+                LIMIT least(pick.n, q.room)
             ) l
         ), best AS (
-            SELECT p.name, p.id, p.priority FROM picked p
-            ORDER BY p.priority DESC, p.id
+            -- With prefer, a queue's rows all come before the next queue's.
+            SELECT p.name, p.ord, p.id, p.priority FROM picked p
+            ORDER BY CASE WHEN pick.prefer THEN p.ord END, p.priority DESC, p.id
             LIMIT pick.n
         ), last AS (
             -- The last row taken of each queue, in claim order.
@@ -647,7 +664,7 @@ BEGIN
         )
         -- A hint moves on only, past the last row taken (a full search may
         -- take a row from before it).
-        SELECT (SELECT array_agg(b.id ORDER BY b.priority DESC, b.id) FROM best b),
+        SELECT (SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id) FROM best b),
                v_hints || coalesce((
                    SELECT jsonb_object_agg(l.name, jsonb_build_array(l.priority, l.id + 1)) FROM last l
                    WHERE l.id < 9223372036854775807 AND (v_hints -> l.name IS NULL
@@ -667,14 +684,151 @@ BEGIN
     RETURN v_rows;
 END
 $$;
-COMMENT ON FUNCTION files.pick(text[], integer) IS
-    'Locks (FOR UPDATE SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows of queues: the row '
-    'search of files.claim and files.claim_batch. It starts each queue''s search past the last row this session took '
+COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
+    'Locks (FOR UPDATE SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows of queues, at most '
+    'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
+    'and files.claim_batch for queues without fair share. It starts each queue''s search past the last row this session took '
     '(setting pgworker.claim_hints), and searches whole ranges at a session''s first claim, at least once a second and '
     'every 64th claim, so a row that becomes claimable behind a hint (a retry, release, reap or rolled-back claim) waits '
     'at most that long.';
 
-CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1, key text DEFAULT NULL)
+-- Fleet-wide caps (files.queues.max_running) and fair share between batches
+-- (files.queues.fair_share), for the claims. A claim pays for them only when
+-- one of its queues has them.
+
+CREATE FUNCTION files.cap_room(queues text[])
+RETURNS integer[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_capped text[];
+    v_caps   integer[];
+    v_room   integer[];
+BEGIN
+    -- Claimers of a capped queue take turns: each locks the queue's row (in
+    -- name order, so that two claimers cannot deadlock) until its transaction
+    -- ends, and counts the running rows only then, in a statement of its own
+    -- whose snapshot sees every claim committed before. The lock is an
+    -- update: under REPEATABLE READ, a claimer whose snapshot predates
+    -- another's claim fails with 40001 ("wait again") instead of counting
+    -- without it. Uncapped queues take no lock.
+    WITH locked AS (
+        UPDATE files.queues q SET max_running = q.max_running
+        FROM (SELECT x.queue FROM files.queues x
+              WHERE x.queue = ANY (cap_room.queues) AND x.max_running IS NOT NULL
+              ORDER BY x.queue FOR UPDATE) l
+        WHERE q.queue = l.queue
+        RETURNING q.queue, q.max_running
+    )
+    SELECT array_agg(l.queue), array_agg(l.max_running) INTO v_capped, v_caps FROM locked l;
+
+    -- The running rows of a queue are at most the fleet's slots: a scan of
+    -- files_running_idx.
+    SELECT array_agg(CASE WHEN c.cap IS NOT NULL THEN
+                         greatest(c.cap - (SELECT count(*) FROM files.files f
+                                           WHERE f.state = 'running' AND f.queue = u.queue), 0)::integer
+                     END ORDER BY u.ord)
+    INTO v_room
+    FROM unnest(cap_room.queues) WITH ORDINALITY AS u(queue, ord)
+    LEFT JOIN unnest(v_capped, v_caps) AS c(queue, cap) ON c.queue = u.queue;
+    RETURN v_room;
+END
+$$;
+COMMENT ON FUNCTION files.cap_room(text[]) IS
+    'For files.claim and files.claim_batch: locks the capped ones of queues (files.queues.max_running) until the '
+    'transaction ends and returns, for each of queues in its order, how many more rows may run (NULL: no cap).';
+
+CREATE FUNCTION files.fair_rows(queue text, n integer)
+RETURNS TABLE (id bigint, priority integer, turn bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL keeps the plan of this statement for the session; a SQL
+    -- function would plan it again at every claim, which costs more than
+    -- running it.
+    -- The batches with pending rows in the queue, at most 1,000 of them: a
+    -- loose scan of files_batch_claim_idx, one probe per batch.
+    RETURN QUERY
+    WITH RECURSIVE named AS (
+        (SELECT f.batch FROM files.files f
+         WHERE f.state = 'pending' AND f.queue = fair_rows.queue AND f.batch IS NOT NULL
+         ORDER BY f.batch LIMIT 1)
+        UNION ALL
+        SELECT (SELECT f.batch FROM files.files f
+                WHERE f.state = 'pending' AND f.queue = fair_rows.queue AND f.batch > b.batch
+                ORDER BY f.batch LIMIT 1)
+        FROM named b WHERE b.batch IS NOT NULL
+    ), running AS (
+        -- The batches' running rows in the queue, so that the turns go on
+        -- from one claim to the next: the batch with the fewest running rows
+        -- goes first. A scan of files_running_idx: the running rows are at
+        -- most the fleet's slots.
+        SELECT f.batch, count(*) AS n FROM files.files f
+        WHERE f.state = 'running' AND f.queue = fair_rows.queue
+        GROUP BY f.batch
+    ), candidates AS (
+        -- Up to n claimable rows of each batch, locked; a row's rank is its
+        -- place in its batch's claim order among the rows of its priority.
+        SELECT c.batch, c.id, c.priority, row_number() OVER (PARTITION BY c.batch, c.priority ORDER BY c.id) AS rank
+        FROM (SELECT nb.batch FROM named nb WHERE nb.batch IS NOT NULL LIMIT 1000) b
+        CROSS JOIN LATERAL (
+            SELECT f.batch, f.id, f.priority FROM files.files f
+            WHERE f.state = 'pending' AND f.queue = fair_rows.queue AND f.batch = b.batch AND f.run_after <= now()
+            ORDER BY f.priority DESC, f.id
+            LIMIT fair_rows.n
+            FOR UPDATE SKIP LOCKED
+        ) c
+        UNION ALL
+        -- The rows without a batch share as one more.
+        SELECT c.batch, c.id, c.priority, row_number() OVER (PARTITION BY c.priority ORDER BY c.id)
+        FROM (SELECT f.batch, f.id, f.priority FROM files.files f
+              WHERE f.state = 'pending' AND f.queue = fair_rows.queue AND f.batch IS NULL AND f.run_after <= now()
+              ORDER BY f.priority DESC, f.id
+              LIMIT fair_rows.n
+              FOR UPDATE SKIP LOCKED) c
+    )
+    -- Larger priority first; within a priority the batches take turns: a
+    -- row's turn is its batch's running rows plus its rank.
+    SELECT c.id, c.priority, coalesce(r.n, 0) + c.rank
+    FROM candidates c LEFT JOIN running r ON r.batch IS NOT DISTINCT FROM c.batch
+    ORDER BY c.priority DESC, 3, c.id
+    LIMIT fair_rows.n;
+END
+$$;
+COMMENT ON FUNCTION files.fair_rows(text, integer) IS
+    'For the claims of a fair-share queue (files.queues.fair_share): up to n claimable rows of queue, locked FOR UPDATE '
+    'SKIP LOCKED, larger priority first and then the batches in turn: a row''s turn is its batch''s running rows plus its '
+    'place among the batch''s claimable rows, so the batch with the fewest running rows goes first (rows without a batch '
+    'as one more batch; at most 1,000 batches at once). Returns each row''s turn. Rows locked but not returned stay '
+    'locked until the transaction ends.';
+
+CREATE FUNCTION files.wake_capped(queues text[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- A row of a capped queue ended: the queue may have room again, which no
+    -- other notification announces. (PL/pgSQL keeps the plan; files.fail
+    -- calls this for every queue.)
+    SELECT count(pg_notify('files_pending', q.queue))::integer INTO n FROM files.queues q
+    WHERE q.queue = ANY (wake_capped.queues) AND q.max_running IS NOT NULL AND NOT q.paused
+      AND EXISTS (SELECT 1 FROM files.files f WHERE f.state = 'pending' AND f.queue = q.queue AND f.run_after <= now());
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION files.wake_capped(text[]) IS
+    'Called as running rows end: sends files_pending for each of queues that has a cap (files.queues.max_running), is '
+    'not paused and has claimable rows. Returns how many it sent.';
+
+CREATE FUNCTION files.claim(worker_id text, queues text[] DEFAULT NULL, max integer DEFAULT 1, key text DEFAULT NULL,
+                            prefer boolean DEFAULT false)
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -692,6 +846,10 @@ DECLARE
     v_hash   bytea;
     v_key    bytea := sha256(convert_to(claim.key, 'UTF8'));
     v_queues text[];
+    v_fair   boolean[];
+    v_capped boolean;
+    v_room   integer[];
+    v_ids    bigint[];
     v_salt   text := gen_random_uuid()::text;
     r        files.files;
 BEGIN
@@ -728,19 +886,50 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT array_agg(q.queue ORDER BY q.queue) INTO v_queues
+    -- The queues to take from, in name order, or in the caller's order when it
+    -- prefers; a queue's fair share and cap as files.claim_batch reads them.
+    SELECT array_agg(q.queue ORDER BY CASE WHEN claim.prefer THEN array_position(claim.queues, q.queue) END, q.queue),
+           array_agg(q.fair_share ORDER BY CASE WHEN claim.prefer THEN array_position(claim.queues, q.queue) END, q.queue),
+           bool_or(q.max_running IS NOT NULL)
+    INTO v_queues, v_fair, v_capped
     FROM files.queues q
     WHERE NOT q.paused AND (claim.queues IS NULL OR q.queue = ANY (claim.queues));
     IF v_queues IS NULL THEN
         RETURN;
     END IF;
+    IF v_capped THEN
+        v_room := files.cap_room(v_queues);
+    END IF;
 
-    -- The best rows of all queues (files.pick). Each row's token is derived
+    -- The best rows of all queues, no more than each queue's cap leaves room
+    -- for: files.pick, or, when a queue shares among its batches, an index
+    -- range scan of files_claim_idx per queue and files.fair_rows for the
+    -- fair ones (then without pick's hints). Each row's token is derived
     -- from a random salt of this call: only its hash is written, and the
     -- token itself goes into the returned row alone.
+    IF true = ANY (v_fair) THEN
+        SELECT array_agg(x.id) INTO v_ids FROM (
+            SELECT p.id FROM unnest(v_queues, v_fair, v_room) WITH ORDINALITY AS q(name, fair, room, ord)
+            CROSS JOIN LATERAL (
+                SELECT o.id, o.priority, 1::bigint AS turn FROM (
+                    SELECT f.id, f.priority FROM files.files f
+                    WHERE NOT q.fair AND f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                    ORDER BY f.priority DESC, f.id
+                    LIMIT least(claim.max, q.room)
+                    FOR UPDATE SKIP LOCKED
+                ) o
+                UNION ALL
+                SELECT s.id, s.priority, s.turn FROM files.fair_rows(q.name, least(claim.max, q.room)) s WHERE q.fair
+            ) p
+            ORDER BY CASE WHEN claim.prefer THEN q.ord END, p.priority DESC, p.turn, p.id
+            LIMIT claim.max
+        ) x;
+    ELSE
+        v_ids := files.pick(v_queues, claim.max, v_room, claim.prefer);
+    END IF;
     FOR r IN
         WITH picked AS (
-            SELECT p.id FROM unnest(files.pick(v_queues, claim.max)) AS p(id)
+            SELECT p.id FROM unnest(v_ids) AS p(id)
         ), claimed AS (
             UPDATE files.files f
             SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
@@ -749,16 +938,22 @@ BEGIN
             FROM picked WHERE f.id = picked.id
             RETURNING f.*
         )
-        SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id
+        -- Preferred queues first, then priority and id (a window numbering
+        -- the picks costs a fifth of a one-row claim).
+        SELECT c.* FROM claimed c
+        ORDER BY CASE WHEN claim.prefer THEN array_position(v_queues, c.queue) END, c.priority DESC, c.id
     LOOP
         r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
         RETURN NEXT r;
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION files.claim(text, text[], integer, text) IS
+COMMENT ON FUNCTION files.claim(text, text[], integer, text, boolean) IS
     'Claims up to max (at most 10000) claimable rows (pending, run_after passed, queue not paused) for a worker slot: '
-    'larger priority first, then id; FOR UPDATE SKIP LOCKED. queues NULL = all queues. An unknown worker_id is '
+    'larger priority first, then id; FOR UPDATE SKIP LOCKED. queues NULL = all queues; with prefer, the rows of each '
+    'queue come before those of the queues after it in queues (work is taken from the next queue only while the ones '
+    'before have none claimable). A queue''s cap (files.queues.max_running) is never exceeded, and the batches of a '
+    'fair-share queue take turns (files.queues.fair_share). An unknown worker_id is '
     'registered, with key if given; a slot that has a key requires it. Each returned row carries its claim_token, '
     'which files.complete, fail and release require. Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
@@ -777,7 +972,8 @@ COMMENT ON FUNCTION files.get_unprocessed_entry_by_priority(text, text) IS
 -- a row for each idle slot, one records the outcomes of many rows. Each row
 -- stays fenced exactly as with the single-row functions.
 
-CREATE FUNCTION files.claim_batch(worker_ids text[], queues text[] DEFAULT NULL, key text DEFAULT NULL)
+CREATE FUNCTION files.claim_batch(worker_ids text[], queues text[] DEFAULT NULL, key text DEFAULT NULL,
+                                  prefer boolean DEFAULT false)
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -786,6 +982,9 @@ AS $$
 DECLARE
     v_ids    text[];
     v_queues text[];
+    v_fair   boolean[];
+    v_capped boolean;
+    v_room   integer[];
     v_leases interval[];
     v_rows   bigint[];
     v_revive boolean;
@@ -848,15 +1047,53 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT array_agg(q.queue ORDER BY q.queue) INTO v_queues
+    -- The queues to take from, in name order, or in the caller's order when it
+    -- prefers, with whether their batches take turns and whether one has a
+    -- fleet-wide cap. Queues without either cost nothing more: no lock, no
+    -- count.
+    SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue),
+           array_agg(q.fair_share ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue),
+           bool_or(q.max_running IS NOT NULL)
+    INTO v_queues, v_fair, v_capped
     FROM files.queues q
     WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues));
     IF v_queues IS NULL THEN
         RETURN;
     END IF;
+    -- Room left under each queue's cap (NULL: none), the capped queues locked
+    -- against other claimers until this claim commits.
+    IF v_capped THEN
+        v_room := files.cap_room(v_queues);
+    END IF;
 
-    -- Lock the rows to take: the best rows of all queues, in claim order.
-    v_rows := files.pick(v_queues, cardinality(v_ids));
+    -- Lock the rows to take: the best rows of each queue, no more than its
+    -- cap leaves room for (files.pick, or for fair-share queues an index
+    -- range scan each and files.fair_rows, as in files.claim). With prefer,
+    -- a queue's rows all come before the next queue's, so the next one's
+    -- fill only the slots left over ("stealing"); otherwise larger priority
+    -- first, then the batches' turns, then id.
+    IF true = ANY (v_fair) THEN
+        SELECT array_agg(p.id ORDER BY p.pref, p.priority DESC, p.turn, p.id) INTO v_rows
+        FROM (
+            SELECT CASE WHEN claim_batch.prefer THEN q.ord END AS pref, l.id, l.priority, l.turn
+            FROM unnest(v_queues, v_fair, v_room) WITH ORDINALITY AS q(name, fair, room, ord)
+            CROSS JOIN LATERAL (
+                SELECT o.id, o.priority, 1::bigint AS turn FROM (
+                    SELECT f.id, f.priority FROM files.files f
+                    WHERE NOT q.fair AND f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                    ORDER BY f.priority DESC, f.id
+                    LIMIT least(cardinality(v_ids), q.room)
+                    FOR UPDATE SKIP LOCKED
+                ) o
+                UNION ALL
+                SELECT s.id, s.priority, s.turn FROM files.fair_rows(q.name, least(cardinality(v_ids), q.room)) s WHERE q.fair
+            ) l
+            ORDER BY 1, l.priority DESC, l.turn, l.id
+            LIMIT cardinality(v_ids)
+        ) p;
+    ELSE
+        v_rows := files.pick(v_queues, cardinality(v_ids), v_room, claim_batch.prefer);
+    END IF;
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
@@ -876,16 +1113,18 @@ BEGIN
             WHERE f.id = p.id
             RETURNING f.*
         )
-        SELECT c.* FROM claimed c ORDER BY c.priority DESC, c.id
+        -- Preferred queues first, then priority and id, as files.claim.
+        SELECT c.* FROM claimed c
+        ORDER BY CASE WHEN claim_batch.prefer THEN array_position(v_queues, c.queue) END, c.priority DESC, c.id
     LOOP
         r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
         RETURN NEXT r;
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION files.claim_batch(text[], text[], text) IS
+COMMENT ON FUNCTION files.claim_batch(text[], text[], text, boolean) IS
     'Claims at most one claimable row for each active slot of worker_ids (at most 10000), in one statement (files.claim''s '
-    'order, paused queues and run_after apply; queues NULL = all). The slots share key: unknown slots are registered with '
+    'order, prefer, caps, fair share, paused queues and run_after apply; queues NULL = all). The slots share key: unknown slots are registered with '
     'it, a slot that has another key is refused, draining ones take nothing. Each row carries its claim_token. '
     'Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
@@ -1126,6 +1365,7 @@ DECLARE
     n        integer;
     v_batch  text;
     v_queues text[];
+    v_capped text[];
 BEGIN
     -- As files.complete_many does for each of its rows. The result is stored
     -- once, on the row.
@@ -1155,8 +1395,9 @@ BEGIN
         INSERT INTO files.queue_counts (queue, at, done, ended_done)
         SELECT d.queue, date_trunc('minute', now()), 1, 1 FROM done d
     )
-    SELECT count(*), min(d.batch), array_agg(d.queue) FILTER (WHERE complete.then_queue IS NOT NULL)
-    INTO n, v_batch, v_queues FROM done d;
+    SELECT count(*), min(d.batch), array_agg(d.queue) FILTER (WHERE complete.then_queue IS NOT NULL),
+           array_agg(d.queue) FILTER (WHERE EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = d.queue AND q.max_running IS NOT NULL))
+    INTO n, v_batch, v_queues, v_capped FROM done d;
     -- A loop undoes the whole statement, the rows it enqueued with it.
     IF complete.then_queue IS NOT NULL THEN
         PERFORM files.check_then('files.complete', complete.then_queue, v_queues);
@@ -1165,6 +1406,10 @@ BEGIN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
     ELSIF v_batch IS NOT NULL THEN
         PERFORM files.tally(NULL, ARRAY[v_batch], ARRAY['running'], ARRAY['done']);
+    END IF;
+    -- A capped queue has room again.
+    IF v_capped IS NOT NULL THEN
+        PERFORM files.wake_capped(v_capped);
     END IF;
     RETURN n > 0;
 END
@@ -1188,6 +1433,7 @@ DECLARE
     v_done    bigint[];
     v_batches text[];
     v_queues  text[];
+    v_capped  text[];
 BEGIN
     IF cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.worker_ids)
        OR cardinality(complete_many.ids) IS DISTINCT FROM cardinality(complete_many.attempts)
@@ -1238,8 +1484,9 @@ BEGIN
         SELECT d.queue, date_trunc('minute', now()), count(*), count(*) FROM done d GROUP BY d.queue
     )
     SELECT array_agg(d.id), array_agg(d.batch) FILTER (WHERE d.batch IS NOT NULL),
-           array_agg(d.queue) FILTER (WHERE complete_many.then_queue IS NOT NULL)
-    INTO v_done, v_batches, v_queues FROM done d;
+           array_agg(d.queue) FILTER (WHERE complete_many.then_queue IS NOT NULL),
+           array_agg(DISTINCT d.queue) FILTER (WHERE EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = d.queue AND q.max_running IS NOT NULL))
+    INTO v_done, v_batches, v_queues, v_capped FROM done d;
     -- A loop undoes the whole statement, the rows it enqueued with it.
     IF complete_many.then_queue IS NOT NULL THEN
         PERFORM files.check_then('files.complete_many', complete_many.then_queue, v_queues);
@@ -1250,6 +1497,10 @@ BEGIN
     IF v_batches IS NOT NULL THEN
         PERFORM files.tally(NULL, v_batches, array_fill('running'::text, ARRAY[cardinality(v_batches)]),
                             array_fill('done'::text, ARRAY[cardinality(v_batches)]));
+    END IF;
+    -- A capped queue has room again.
+    IF v_capped IS NOT NULL THEN
+        PERFORM files.wake_capped(v_capped);
     END IF;
     RETURN QUERY SELECT u.id FROM unnest(v_done) AS u(id);
 END
@@ -1310,6 +1561,8 @@ BEGIN
             (fail.report ->> 'exit_code')::integer,
             coalesce((fail.report ->> 'duration_ms')::numeric * interval '1 millisecond', now() - r.claimed_at),
             fail.report -> 'output', fail.report ->> 'stderr_tail');
+    -- A capped queue has room again.
+    PERFORM files.wake_capped(ARRAY[r.queue]);
     RETURN true;
 END
 $$;
@@ -1659,6 +1912,10 @@ BEGIN
     PERFORM files.finish_batches(NULL);
     PERFORM files.fold_counts();
     PERFORM pg_notify('files_pending', q) FROM unnest(v_queues) AS q;
+    -- Rows that ended failed leave room in a capped queue.
+    IF v_failed IS NOT NULL THEN
+        PERFORM files.wake_capped(v_failed);
+    END IF;
     RETURN n;
 END
 $$;
@@ -1682,6 +1939,7 @@ DECLARE
     v_queues  text[];
     v_batches text[];
     v_was     text[];
+    v_freed   text[];
 BEGIN
     WITH target AS (
         SELECT x.id, x.state, x.worker_id, x.attempt, x.claimed_at, x.queue, x.batch FROM files.files x
@@ -1701,15 +1959,20 @@ BEGIN
     SELECT count(*),
            array_agg(json_build_object('op', 'cancel', 'file_id', t.id, 'worker_id', t.worker_id)::text)
                FILTER (WHERE t.state = 'running'),
-           array_agg(t.queue), array_agg(t.batch), array_agg(t.state)
-    INTO n, v_told, v_queues, v_batches, v_was FROM target t;
+           array_agg(t.queue), array_agg(t.batch), array_agg(t.state),
+           array_agg(DISTINCT t.queue) FILTER (WHERE t.state = 'running')
+    INTO n, v_told, v_queues, v_batches, v_was, v_freed FROM target t;
 
     IF n > 0 THEN
         PERFORM files.tally(v_queues, v_batches, v_was, array_fill('cancelled'::text, ARRAY[n]));
     END IF;
 
-    -- Running rows: tell their workers to stop the work.
+    -- Running rows: tell their workers to stop the work; a capped queue has
+    -- room again.
     PERFORM pg_notify('files_control', m) FROM unnest(v_told) AS m;
+    IF v_freed IS NOT NULL THEN
+        PERFORM files.wake_capped(v_freed);
+    END IF;
     RETURN n;
 END
 $$;
@@ -1801,6 +2064,53 @@ END
 $$;
 COMMENT ON FUNCTION files.resume_queue(text) IS 'Hands out rows of a paused queue again and wakes the idle workers.';
 
+CREATE FUNCTION files.set_max_running(queue text, max_running integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF set_max_running.queue IS NULL OR set_max_running.queue = '' THEN
+        RAISE EXCEPTION 'files.set_max_running: queue must not be NULL or empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_max_running.max_running < 0 THEN
+        RAISE EXCEPTION 'files.set_max_running: max_running must be 0 or more, or NULL for no cap (got %)',
+            set_max_running.max_running
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Waits for the claims that hold the queue's row (files.cap_room).
+    INSERT INTO files.queues AS q (queue, max_running) VALUES (set_max_running.queue, set_max_running.max_running)
+    ON CONFLICT (queue) DO UPDATE SET max_running = EXCLUDED.max_running;
+    -- A cap raised or lifted leaves room.
+    PERFORM pg_notify('files_pending', set_max_running.queue);
+END
+$$;
+COMMENT ON FUNCTION files.set_max_running(text, integer) IS
+    'Sets the fleet-wide cap on a queue''s running rows (files.queues.max_running; NULL: no cap) and wakes the idle '
+    'workers. Rows running above a lowered cap go on; claims take none until the queue is below it. Creates the queue '
+    'if it does not exist yet.';
+
+CREATE FUNCTION files.set_fair_share(queue text, fair_share boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF set_fair_share.queue IS NULL OR set_fair_share.queue = '' OR set_fair_share.fair_share IS NULL THEN
+        RAISE EXCEPTION 'files.set_fair_share: queue must not be NULL or empty, nor fair_share NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO files.queues AS q (queue, fair_share) VALUES (set_fair_share.queue, set_fair_share.fair_share)
+    ON CONFLICT (queue) DO UPDATE SET fair_share = EXCLUDED.fair_share;
+END
+$$;
+COMMENT ON FUNCTION files.set_fair_share(text, boolean) IS
+    'Turns fair share between the batches of a queue on or off (files.queues.fair_share). Creates the queue if it does '
+    'not exist yet.';
+
 -- ============================================================================
 -- Views for operators and DBAs: what runs where, how each queue drains, how each
 -- worker slot performs.
@@ -1890,6 +2200,8 @@ scheduled AS (
 )
 SELECT q.queue,
        q.paused,
+       q.max_running,
+       q.fair_share,
        coalesce(c.rows, 0) - coalesce(r.running, 0) - coalesce(c.done, 0) - coalesce(c.failed, 0)
            - coalesce(c.cancelled, 0) AS pending,
        coalesce(r.running, 0) AS running,
@@ -1932,6 +2244,8 @@ COMMENT ON VIEW files.queue_summary IS
     'never the whole table.';
 COMMENT ON COLUMN files.queue_summary.queue IS 'Queue name.';
 COMMENT ON COLUMN files.queue_summary.paused IS 'Whether the queue is paused.';
+COMMENT ON COLUMN files.queue_summary.max_running IS 'The fleet-wide cap on the queue''s running rows; NULL for none.';
+COMMENT ON COLUMN files.queue_summary.fair_share IS 'Whether claims share the queue''s slots among its batches.';
 COMMENT ON COLUMN files.queue_summary.pending IS 'Rows waiting to run, retries waiting for run_after among them.';
 COMMENT ON COLUMN files.queue_summary.running IS 'Rows held by worker slots now.';
 COMMENT ON COLUMN files.queue_summary.done IS 'Rows done.';
@@ -1951,6 +2265,8 @@ COMMENT ON COLUMN files.queue_summary.cancelled_last_hour IS 'Rows that became c
 CREATE VIEW files.queue_stats AS
 SELECT s.queue,
        s.paused,
+       s.max_running,
+       s.fair_share,
        x.state,
        x.files,
        CASE WHEN x.state = 'pending' THEN s.scheduled ELSE 0 END AS scheduled,
@@ -1971,6 +2287,8 @@ COMMENT ON VIEW files.queue_stats IS
     'in the last minute and hour. files.queue_summary side by side; as cheap as it.';
 COMMENT ON COLUMN files.queue_stats.queue IS 'Queue name.';
 COMMENT ON COLUMN files.queue_stats.paused IS 'Whether the queue is paused.';
+COMMENT ON COLUMN files.queue_stats.max_running IS 'The queue''s fleet-wide cap on running rows; NULL for none.';
+COMMENT ON COLUMN files.queue_stats.fair_share IS 'Whether the queue''s batches take turns (files.queues.fair_share).';
 COMMENT ON COLUMN files.queue_stats.state IS 'pending, running, done, failed or cancelled.';
 COMMENT ON COLUMN files.queue_stats.files IS 'Rows of the queue in this state.';
 COMMENT ON COLUMN files.queue_stats.scheduled IS 'Of the pending rows, those waiting for run_after (retry backoff).';
@@ -2113,9 +2431,9 @@ GRANT SELECT ON files.active_workers, files.queue_summary, files.queue_stats, fi
     files.reap_state
     TO pgworker_worker;
 GRANT EXECUTE ON FUNCTION
-    files.claim(text, text[], integer, text),
+    files.claim(text, text[], integer, text, boolean),
     files.get_unprocessed_entry_by_priority(text, text),
-    files.claim_batch(text[], text[], text),
+    files.claim_batch(text[], text[], text, boolean),
     files.complete(bigint, text, integer, text, jsonb, jsonb, text),
     files.complete_many(bigint[], text[], integer[], text[], jsonb[], jsonb[], text),
     files.fail(bigint, text, integer, text, text, boolean, jsonb),
@@ -2140,7 +2458,9 @@ GRANT EXECUTE ON FUNCTION
     files.cancel(bigint[]),
     files.retry(bigint[], text),
     files.pause_queue(text),
-    files.resume_queue(text)
+    files.resume_queue(text),
+    files.set_max_running(text, integer),
+    files.set_fair_share(text, boolean)
 TO pgworker_admin;
 
 -- ============================================================================

@@ -96,6 +96,12 @@ type Config struct {
 	// Queues to serve. Defaults to all queues.
 	Queues []string
 
+	// PreferQueues makes Queues an order of preference: idle slots take
+	// the first queue's rows while it has claimable ones, then the next
+	// queue's (claim.Config.Prefer). Defaults to false: larger priority first
+	// across the queues.
+	PreferQueues bool
+
 	// Slots is how many rows the process works on at once; with MaxSlots,
 	// the least it keeps. Defaults to 1.
 	Slots int
@@ -227,6 +233,7 @@ type Worker struct {
 	gated    sync.WaitGroup // holdSlots goroutines
 
 	queues      []string
+	prefer      bool
 	maxSlots    int
 	prefix      string
 	key         string // the slots' key: proves them ours to the SQL API
@@ -323,6 +330,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		observer:    cfg.Observer,
 		gate:        cfg.Gate,
 		queues:      slices.Clone(cfg.Queues),
+		prefer:      cfg.PreferQueues,
 		maxSlots:    max(cfg.MaxSlots, minSlots),
 		timeout:     max(cfg.Timeout, 0),
 		lease:       lease,
@@ -459,6 +467,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.stopConnect = w.listener.OnConnect(w.onListen)
 	claimer := claim.New(w.pool, &claim.Config{
 		Queues:    w.queues,
+		Prefer:    w.prefer,
 		Idle:      w.WorkerIDs(),
 		Key:       w.key,
 		Doorbell:  w.sub.Doorbell(),
