@@ -242,7 +242,7 @@ func TestHiddenWorker(t *testing.T) {
 		cmd := exec.Command(bin, work, mode)
 		cmd.Env = []string{"BACKEND_TEST_WORKER=1", "GORACE=atexit_sleep_ms=0", "PGWORKER_DATABASE_URL=" + probeSecret}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if out, err := commandOutput(cmd, true); err != nil {
 			t.Fatalf("%s worker: %v\n%s", mode, err, out)
 		}
 		got := readProbe(t, work)

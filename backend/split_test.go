@@ -91,7 +91,7 @@ func TestSplitErrors(t *testing.T) {
 // the shell would expand or interpret).
 func shellWords(t testing.TB, s string) []string {
 	t.Helper()
-	out, err := exec.Command("/bin/sh", "-c", `printf '%s\0' MARK `+s).Output()
+	out, err := commandOutput(exec.Command("/bin/sh", "-c", `printf '%s\0' MARK `+s), false)
 	if err != nil {
 		t.Fatalf("sh -c printf %q: %v", s, err)
 	}
@@ -203,4 +203,22 @@ func FuzzSplit(f *testing.F) {
 			}
 		}
 	})
+}
+
+// commandOutput runs cmd as its Output (or, combined, CombinedOutput) would,
+// started as a Runner starts a program: this test process is a subreaper
+// (TestMain), and a sweep running beside would otherwise collect the exit
+// status of a child it does not know.
+func commandOutput(cmd *exec.Cmd, combined bool) ([]byte, error) {
+	var b bytes.Buffer
+	cmd.Stdout = &b
+	if combined {
+		cmd.Stderr = &b
+	}
+	if err := startProgram(cmd); err != nil {
+		return nil, err
+	}
+	defer programEnded(cmd.Process.Pid)
+	err := cmd.Wait()
+	return b.Bytes(), err
 }
