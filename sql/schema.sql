@@ -2300,7 +2300,9 @@ COMMENT ON COLUMN files.queue_stats.finished_last_hour IS 'Rows that reached thi
 -- Over the recent history only: the attempts of the last hour among the
 -- newest 10,000, one range of files.attempts' primary key (attempts are
 -- written at their outcome), summed per slot before they meet files.workers.
--- Its cost is bounded however long the history and however large the fleet.
+-- Its cost is bounded however long the history and however large the fleet;
+-- slots that stopped more than an hour ago, with nothing in the window, are
+-- left out.
 CREATE VIEW files.worker_metrics AS
 WITH recent AS (
     SELECT a.worker_id COLLATE "C" AS worker_id,
@@ -2329,9 +2331,11 @@ SELECT w.worker_id,
        r.p95_duration,
        w.last_heartbeat_at AS last_seen
 FROM files.workers w
-LEFT JOIN recent r ON r.worker_id = w.worker_id COLLATE "C";
+LEFT JOIN recent r ON r.worker_id = w.worker_id COLLATE "C"
+WHERE w.state IN ('active', 'draining') OR greatest(w.last_heartbeat_at, w.stopped_at) > now() - interval '1 hour';
 COMMENT ON VIEW files.worker_metrics IS
-    'Per worker slot, over its attempts of the last hour (among the fleet''s newest 10,000): attempts carried to an '
+    'Per live worker slot, and per slot that stopped within the hour, over its attempts of the last hour (among the '
+    'fleet''s newest 10,000): attempts carried to an '
     'outcome (processed = done + failed), lost attempts, failure rate, mean and p95 processing time, last seen.';
 COMMENT ON COLUMN files.worker_metrics.worker_id IS 'Slot identity.';
 COMMENT ON COLUMN files.worker_metrics.node IS 'Host name of the worker node.';
