@@ -177,7 +177,6 @@ func readQueues(ctx context.Context, tx pgx.Tx) ([]queueView, error) {
 	return out, rows.Err()
 }
 
-
 func readWorkers(ctx context.Context, tx pgx.Tx) ([]nodeView, error) {
 	rows, err := tx.Query(ctx, sqlWorkers, maxWorkers, maxSourceChars)
 	if err != nil {
