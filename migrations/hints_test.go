@@ -198,6 +198,51 @@ func TestClaimHintEmptySearchLooksEverywhere(t *testing.T) {
 	}
 }
 
+// TestClaimHintShortSearchLooksEverywhere: a claim that the rows past the
+// hint cannot fill takes the row behind it too (a worker that gets fewer
+// rows than it asked for waits for a notification), in both claim
+// functions.
+func TestClaimHintShortSearchLooksEverywhere(t *testing.T) {
+	t.Parallel()
+	conn := hintConn(t, pgtest.URL(t))
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+	for _, batch := range []bool{false, true} {
+		first := claimOn(t, conn, "w1", 4)
+		more := claimOn(t, conn, "w1", 4) // the hint moves past the eighth row
+		if len(first) != 4 || len(more) != 4 {
+			t.Fatalf("claimed %d and %d rows", len(first), len(more))
+		}
+		behind := first[0]
+		mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", behind.ID, behind.Attempt, behind.Token)
+		var got []claimed
+		if batch {
+			got = claimBatchOn(t, conn, []string{"w2", "w3", "w4", "w5"})
+		} else {
+			got = claimOn(t, conn, "w2", 4)
+		}
+		ids := map[int64]bool{}
+		for _, r := range got {
+			ids[r.ID] = true
+		}
+		if len(got) != 3 || !ids[behind.ID] {
+			t.Fatalf("batch %v: claimed %+v, want the 2 rows past the hint and row %d behind it", batch, got, behind.ID)
+		}
+		// Put everything back for the other claim function.
+		for _, r := range got {
+			w := "w2"
+			if batch {
+				if err := conn.QueryRow(context.Background(), "SELECT worker_id FROM files.files WHERE id = $1", r.ID).Scan(&w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", r.ID, w, r.Attempt, r.Token)
+		}
+		for _, r := range append(first[1:], more...) {
+			mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)
+		}
+	}
+}
+
 // TestClaimHintKeepsPriority: a row of a higher priority than the hint's,
 // enqueued after it, is the next claimed; one of a lower priority waits for
 // the hint's priority to run out.

@@ -614,8 +614,9 @@ BEGIN
     -- scan of files_claim_idx, so a hinted search starts past the entries
     -- of the rows this session claimed before: while a long transaction
     -- keeps those entries from being removed, a search from the start would
-    -- walk them all on every claim. A hinted search that finds nothing is
-    -- followed by a full one: no rows still means nothing is claimable.
+    -- walk them all on every claim. A hinted search that finds fewer rows
+    -- than asked for is followed by a full one: a short answer still means
+    -- nothing else is claimable.
     LOOP
         WITH picked AS (
             SELECT q.name, q.ord, l.id, l.priority
@@ -672,7 +673,11 @@ BEGIN
                       OR (l.priority = (v_hints -> l.name ->> 0)::integer AND l.id >= (v_hints -> l.name ->> 1)::bigint))
                ), '{}')
         INTO v_rows, v_hints;
-        EXIT WHEN v_rows IS NOT NULL OR v_full;
+        -- Fewer rows than asked for must mean that nothing else is claimable
+        -- (a worker then waits for a notification): a hinted search that
+        -- comes back short is followed by a whole one, which takes again the
+        -- rows this one locked.
+        EXIT WHEN coalesce(cardinality(v_rows), 0) >= pick.n OR v_full;
         v_full := true;
         v_hp := NULL;
         v_hid := NULL;
@@ -689,8 +694,9 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
     'and files.claim_batch for queues without fair share. It starts each queue''s search past the last row this session took '
     '(setting pgworker.claim_hints), and searches whole ranges at a session''s first claim, at least once a second and '
-    'every 64th claim, so a row that becomes claimable behind a hint (a retry, release, reap or rolled-back claim) waits '
-    'at most that long.';
+    'every 64th claim, and whenever the hinted search finds fewer than n rows, so a row that becomes claimable behind a '
+    'hint (a retry, release, reap or rolled-back claim) waits at most that long, and a short answer means nothing else '
+    'is claimable.';
 
 -- Fleet-wide caps (files.queues.max_running) and fair share between batches
 -- (files.queues.fair_share), for the claims. A claim pays for them only when
