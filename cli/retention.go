@@ -92,12 +92,9 @@ func (c *CLI) prune(ctx context.Context, e *env, args []string) error {
 	defer done()
 	if batch != "" {
 		zero := time.Duration(0)
-		finished, total, err := q.KeepBatch(ctx, batch, &zero)
-		if errors.Is(err, queue.ErrNoBatch) {
-			return fmt.Errorf("no batch named %q (pgworker status lists the batches)", batch)
-		}
+		finished, total, err := keepBatch(ctx, q, batch, &zero)
 		if err != nil {
-			return explain(err)
+			return err
 		}
 		if !finished {
 			fmt.Fprintf(e.stdout, "batch %q has not finished: it and its %s %s will be deleted by the first prune after it does\n",
@@ -266,12 +263,9 @@ func (c *CLI) retention(ctx context.Context, e *env, args []string) error {
 			printable(queueName), keepText(cur.Done), keepText(cur.Failed))
 		return nil
 	case setBatch:
-		finished, _, err := q.KeepBatch(ctx, batch, keep.d)
-		if errors.Is(err, queue.ErrNoBatch) {
-			return fmt.Errorf("no batch named %q (pgworker status lists the batches)", batch)
-		}
+		finished, _, err := keepBatch(ctx, q, batch, keep.d)
 		if err != nil {
-			return explain(err)
+			return err
 		}
 		when := "after it finishes"
 		if finished {
@@ -307,4 +301,16 @@ func (c *CLI) retention(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// keepBatch sets a batch's retention, with the command line's errors.
+func keepBatch(ctx context.Context, q *queue.Client, batch string, keep *time.Duration) (finished bool, total int64, err error) {
+	finished, total, err = q.KeepBatch(ctx, batch, keep)
+	if errors.Is(err, queue.ErrNoBatch) {
+		return false, 0, fmt.Errorf("no batch named %q (pgworker status lists the batches)", batch)
+	}
+	if err != nil {
+		return false, 0, explain(err)
+	}
+	return finished, total, nil
 }

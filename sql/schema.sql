@@ -812,6 +812,45 @@ COMMENT ON FUNCTION files.fair_rows(text, integer) IS
     'as one more batch; at most 1,000 batches at once). Returns each row''s turn. Rows locked but not returned stay '
     'locked until the transaction ends.';
 
+CREATE FUNCTION files.fair_pick(queues text[], fair boolean[], rooms integer[], n integer, prefer boolean)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_rows bigint[];
+BEGIN
+    -- The best rows of each queue (an index range scan of files_claim_idx, or
+    -- files.fair_rows for a fair-share queue), no more than its room, then
+    -- the best of those: with prefer a queue's rows all before the next
+    -- queue's, otherwise larger priority first, then the batches' turns,
+    -- then id.
+    SELECT array_agg(p.id ORDER BY p.pref, p.priority DESC, p.turn, p.id) INTO v_rows
+    FROM (
+        SELECT CASE WHEN fair_pick.prefer THEN q.ord END AS pref, l.id, l.priority, l.turn
+        FROM unnest(fair_pick.queues, fair_pick.fair, fair_pick.rooms) WITH ORDINALITY AS q(name, fair, room, ord)
+        CROSS JOIN LATERAL (
+            SELECT o.id, o.priority, 1::bigint AS turn FROM (
+                SELECT f.id, f.priority FROM files.files f
+                WHERE NOT q.fair AND f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                ORDER BY f.priority DESC, f.id
+                LIMIT least(fair_pick.n, q.room)
+                FOR UPDATE SKIP LOCKED
+            ) o
+            UNION ALL
+            SELECT s.id, s.priority, s.turn FROM files.fair_rows(q.name, least(fair_pick.n, q.room)) s WHERE q.fair
+        ) l
+        ORDER BY 1, l.priority DESC, l.turn, l.id
+        LIMIT fair_pick.n
+    ) p;
+    RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION files.fair_pick(text[], boolean[], integer[], integer, boolean) IS
+    'The row search of files.claim and files.claim_batch when one of queues shares among its batches: locks (FOR UPDATE '
+    'SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows, at most rooms[i] of queue i, through '
+    'files.fair_rows for the queues whose fair[i] is true; with prefer, queue by queue in the given order.';
+
 CREATE FUNCTION files.wake_capped(queues text[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -908,28 +947,12 @@ BEGIN
     END IF;
 
     -- The best rows of all queues, no more than each queue's cap leaves room
-    -- for: files.pick, or, when a queue shares among its batches, an index
-    -- range scan of files_claim_idx per queue and files.fair_rows for the
-    -- fair ones (then without pick's hints). Each row's token is derived
+    -- for: files.pick, or, when a queue shares among its batches,
+    -- files.fair_pick (then without pick's hints). Each row's token is derived
     -- from a random salt of this call: only its hash is written, and the
     -- token itself goes into the returned row alone.
     IF true = ANY (v_fair) THEN
-        SELECT array_agg(x.id) INTO v_ids FROM (
-            SELECT p.id FROM unnest(v_queues, v_fair, v_room) WITH ORDINALITY AS q(name, fair, room, ord)
-            CROSS JOIN LATERAL (
-                SELECT o.id, o.priority, 1::bigint AS turn FROM (
-                    SELECT f.id, f.priority FROM files.files f
-                    WHERE NOT q.fair AND f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-                    ORDER BY f.priority DESC, f.id
-                    LIMIT least(claim.max, q.room)
-                    FOR UPDATE SKIP LOCKED
-                ) o
-                UNION ALL
-                SELECT s.id, s.priority, s.turn FROM files.fair_rows(q.name, least(claim.max, q.room)) s WHERE q.fair
-            ) p
-            ORDER BY CASE WHEN claim.prefer THEN q.ord END, p.priority DESC, p.turn, p.id
-            LIMIT claim.max
-        ) x;
+        v_ids := files.fair_pick(v_queues, v_fair, v_room, claim.max, claim.prefer);
     ELSE
         v_ids := files.pick(v_queues, claim.max, v_room, claim.prefer);
     END IF;
@@ -1073,30 +1096,13 @@ BEGIN
     END IF;
 
     -- Lock the rows to take: the best rows of each queue, no more than its
-    -- cap leaves room for (files.pick, or for fair-share queues an index
-    -- range scan each and files.fair_rows, as in files.claim). With prefer,
+    -- cap leaves room for (files.pick, or files.fair_pick when a queue
+    -- shares among its batches, as in files.claim). With prefer,
     -- a queue's rows all come before the next queue's, so the next one's
     -- fill only the slots left over ("stealing"); otherwise larger priority
     -- first, then the batches' turns, then id.
     IF true = ANY (v_fair) THEN
-        SELECT array_agg(p.id ORDER BY p.pref, p.priority DESC, p.turn, p.id) INTO v_rows
-        FROM (
-            SELECT CASE WHEN claim_batch.prefer THEN q.ord END AS pref, l.id, l.priority, l.turn
-            FROM unnest(v_queues, v_fair, v_room) WITH ORDINALITY AS q(name, fair, room, ord)
-            CROSS JOIN LATERAL (
-                SELECT o.id, o.priority, 1::bigint AS turn FROM (
-                    SELECT f.id, f.priority FROM files.files f
-                    WHERE NOT q.fair AND f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-                    ORDER BY f.priority DESC, f.id
-                    LIMIT least(cardinality(v_ids), q.room)
-                    FOR UPDATE SKIP LOCKED
-                ) o
-                UNION ALL
-                SELECT s.id, s.priority, s.turn FROM files.fair_rows(q.name, least(cardinality(v_ids), q.room)) s WHERE q.fair
-            ) l
-            ORDER BY 1, l.priority DESC, l.turn, l.id
-            LIMIT cardinality(v_ids)
-        ) p;
+        v_rows := files.fair_pick(v_queues, v_fair, v_room, cardinality(v_ids), claim_batch.prefer);
     ELSE
         v_rows := files.pick(v_queues, cardinality(v_ids), v_room, claim_batch.prefer);
     END IF;
