@@ -190,7 +190,11 @@ func TestMaxRunningRace(t *testing.T) {
 				t.Fatal("no row of the capped queue was claimed")
 			}
 			// The other queue had no cap: its rows went to the slots left over.
-			if queryInt(t, admin, "SELECT count(*) FROM files.files WHERE queue = 'free' AND state = 'done'") == 0 {
+			// Under READ COMMITTED the cap fills every round, leaving slots
+			// over; under the stricter levels every claim of a round may lose
+			// its race on the capped queue (40001), which takes the whole claim.
+			if isolation == "read committed" &&
+				queryInt(t, admin, "SELECT count(*) FROM files.files WHERE queue = 'free' AND state = 'done'") == 0 {
 				t.Fatal("no row of the uncapped queue was done")
 			}
 		})
