@@ -337,6 +337,9 @@ COMMENT ON COLUMN files.reap_state.fleet_resumed_at IS
 CREATE FUNCTION files.notify_enqueued() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Planned once per session: a single-row INSERT otherwise plans the
+-- trigger's statements again each time, which costs more than they do.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_queues  text[];

@@ -102,7 +102,8 @@ COMMENT ON FUNCTION files.output_keys(jsonb) IS
 -- per queue, where its last claim ended, and starts its next search there.
 -- A hint is never trusted to be a bound: rows behind it are found by the
 -- whole-range search that runs at the session's first claim, then at least
--- once a second and every 64th claim.
+-- once a second and every 64th claim, and by any search whose rows past the
+-- hint fall short.
 
 -- +goose StatementBegin
 CREATE FUNCTION files.pick(queues text[], n integer, rooms integer[] DEFAULT NULL, prefer boolean DEFAULT false)
@@ -155,79 +156,84 @@ BEGIN
     END IF;
 
     -- Per queue, in claim order: rows of a higher priority than the hint,
-    -- rows of its priority from its id on, rows of a lower priority. With no
-    -- hint (a full search), the whole range. Each part is an index range
-    -- scan of files_claim_idx, so a hinted search starts past the entries
-    -- of the rows this session claimed before: while a long transaction
-    -- keeps those entries from being removed, a search from the start would
-    -- walk them all on every claim. A hinted search that finds fewer rows
-    -- than asked for is followed by a full one: a short answer still means
-    -- nothing else is claimable.
-    LOOP
-        WITH picked AS (
-            SELECT q.name, q.ord, l.id, l.priority
-            FROM unnest(pick.queues, v_hp, v_hid, pick.rooms) WITH ORDINALITY AS q(name, hp, hid, room, ord)
-            CROSS JOIN LATERAL (
-                SELECT a.id, a.priority FROM (
-                    SELECT * FROM (
-                        SELECT f.id, f.priority FROM files.files f
-                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority > coalesce(q.hp, 2147483647)
-                          AND f.run_after <= now()
-                        ORDER BY f.priority DESC, f.id
-                        LIMIT least(pick.n, q.room)
-                        FOR UPDATE SKIP LOCKED) above
-                    UNION ALL
-                    SELECT * FROM (
-                        SELECT f.id, f.priority FROM files.files f
-                        -- A range, not "priority = ...": an equality makes the order
-                        -- by id alone, which a generic plan may take from the
-                        -- primary key, from the hint to the end of the table.
-                        WHERE f.state = 'pending' AND f.queue = q.name
-                          AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
-                          AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
-                        ORDER BY f.priority DESC, f.id
-                        LIMIT least(pick.n, q.room)
-                        FOR UPDATE SKIP LOCKED) here
-                    UNION ALL
-                    SELECT * FROM (
-                        SELECT f.id, f.priority FROM files.files f
-                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority < coalesce(q.hp, 2147483647)
-                          AND f.run_after <= now()
-                        ORDER BY f.priority DESC, f.id
-                        LIMIT least(pick.n, q.room)
-                        FOR UPDATE SKIP LOCKED) below
-                ) a
-                LIMIT least(pick.n, q.room)
-            ) l
-        ), best AS (
-            -- With prefer, a queue's rows all come before the next queue's.
-            SELECT p.name, p.ord, p.id, p.priority FROM picked p
-            ORDER BY CASE WHEN pick.prefer THEN p.ord END, p.priority DESC, p.id
-            LIMIT pick.n
-        ), last AS (
-            -- The last row taken of each queue, in claim order.
-            SELECT DISTINCT ON (b.name) b.name, b.priority, b.id FROM best b
-            ORDER BY b.name, b.priority, b.id DESC
-        )
-        -- A hint moves on only, past the last row taken (a full search may
-        -- take a row from before it).
-        SELECT (SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id) FROM best b),
-               v_hints || coalesce((
-                   SELECT jsonb_object_agg(l.name, jsonb_build_array(l.priority, l.id + 1)) FROM last l
-                   WHERE l.id < 9223372036854775807 AND (v_hints -> l.name IS NULL
-                      OR l.priority < (v_hints -> l.name ->> 0)::integer
-                      OR (l.priority = (v_hints -> l.name ->> 0)::integer AND l.id >= (v_hints -> l.name ->> 1)::bigint))
-               ), '{}')
-        INTO v_rows, v_hints;
-        -- Fewer rows than asked for must mean that nothing else is claimable
-        -- (a worker then waits for a notification): a hinted search that
-        -- comes back short is followed by a whole one, which takes again the
-        -- rows this one locked.
-        EXIT WHEN coalesce(cardinality(v_rows), 0) >= pick.n OR v_full;
-        v_full := true;
-        v_hp := NULL;
-        v_hid := NULL;
-    END LOOP;
+    -- rows of its priority from its id on, rows of a lower priority, and
+    -- last the rows of its priority behind the hint. With no hint (a full
+    -- search), the whole range. Each part is an index range scan of
+    -- files_claim_idx, so a hinted search starts past the entries of the
+    -- rows this session claimed before: while a long transaction keeps
+    -- those entries from being removed, a search from the start would walk
+    -- them all on every claim. The part behind the hint is read only when
+    -- the others came back short, in the same statement: a short answer
+    -- still means that nothing else is claimable (a worker then waits for
+    -- a notification).
+    WITH picked AS (
+        SELECT q.name, q.ord, l.id, l.priority
+        FROM unnest(pick.queues, v_hp, v_hid, pick.rooms) WITH ORDINALITY AS q(name, hp, hid, room, ord)
+        CROSS JOIN LATERAL (
+            SELECT a.id, a.priority FROM (
+                SELECT * FROM (
+                    SELECT f.id, f.priority FROM files.files f
+                    WHERE f.state = 'pending' AND f.queue = q.name AND f.priority > coalesce(q.hp, 2147483647)
+                      AND f.run_after <= now()
+                    ORDER BY f.priority DESC, f.id
+                    LIMIT least(pick.n, q.room)
+                    FOR UPDATE SKIP LOCKED) above
+                UNION ALL
+                SELECT * FROM (
+                    SELECT f.id, f.priority FROM files.files f
+                    -- A range, not "priority = ...": an equality makes the order
+                    -- by id alone, which a generic plan may take from the
+                    -- primary key, from the hint to the end of the table.
+                    WHERE f.state = 'pending' AND f.queue = q.name
+                      AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
+                      AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
+                    ORDER BY f.priority DESC, f.id
+                    LIMIT least(pick.n, q.room)
+                    FOR UPDATE SKIP LOCKED) here
+                UNION ALL
+                SELECT * FROM (
+                    SELECT f.id, f.priority FROM files.files f
+                    WHERE f.state = 'pending' AND f.queue = q.name AND f.priority < coalesce(q.hp, 2147483647)
+                      AND f.run_after <= now()
+                    ORDER BY f.priority DESC, f.id
+                    LIMIT least(pick.n, q.room)
+                    FOR UPDATE SKIP LOCKED) below
+                UNION ALL
+                -- Behind the hint: read only when the parts before it
+                -- came back short (the Append stops once the limit is
+                -- reached), so a short answer still means that nothing
+                -- else is claimable. Empty without a hint.
+                SELECT * FROM (
+                    SELECT f.id, f.priority FROM files.files f
+                    WHERE f.state = 'pending' AND f.queue = q.name
+                      AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
+                      AND f.id < coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
+                    ORDER BY f.priority DESC, f.id
+                    LIMIT least(pick.n, q.room)
+                    FOR UPDATE SKIP LOCKED) behind
+            ) a
+            LIMIT least(pick.n, q.room)
+        ) l
+    ), best AS (
+        -- With prefer, a queue's rows all come before the next queue's.
+        SELECT p.name, p.ord, p.id, p.priority FROM picked p
+        ORDER BY CASE WHEN pick.prefer THEN p.ord END, p.priority DESC, p.id
+        LIMIT pick.n
+    ), last AS (
+        -- The last row taken of each queue, in claim order.
+        SELECT DISTINCT ON (b.name) b.name, b.priority, b.id FROM best b
+        ORDER BY b.name, b.priority, b.id DESC
+    )
+    -- A hint moves on only, past the last row taken (a full search may
+    -- take a row from before it).
+    SELECT (SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id) FROM best b),
+           v_hints || coalesce((
+               SELECT jsonb_object_agg(l.name, jsonb_build_array(l.priority, l.id + 1)) FROM last l
+               WHERE l.id < 9223372036854775807 AND (v_hints -> l.name IS NULL
+                  OR l.priority < (v_hints -> l.name ->> 0)::integer
+                  OR (l.priority = (v_hints -> l.name ->> 0)::integer AND l.id >= (v_hints -> l.name ->> 1)::bigint))
+           ), '{}')
+    INTO v_rows, v_hints;
     PERFORM set_config('pgworker.claim_hints', jsonb_build_object(
         'at', CASE WHEN v_full THEN v_now ELSE v_at END,
         'n', CASE WHEN v_full THEN 0 ELSE v_count + 1 END,
@@ -241,9 +247,9 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
     'and files.claim_batch for queues without fair share. It starts each queue''s search past the last row this session took '
     '(setting pgworker.claim_hints), and searches whole ranges at a session''s first claim, at least once a second and '
-    'every 64th claim, and whenever the hinted search finds fewer than n rows, so a row that becomes claimable behind a '
-    'hint (a retry, release, reap or rolled-back claim) waits at most that long, and a short answer means nothing else '
-    'is claimable.';
+    'every 64th claim, and reads the rows behind a hint whenever those past it fall short of n, so a row that becomes '
+    'claimable behind a hint (a retry, release, reap or rolled-back claim) waits at most that long while others are '
+    'claimable, and a short answer means nothing else is claimable.';
 
 -- Fleet-wide caps (files.queues.max_running) and fair share between batches
 -- (files.queues.fair_share), for the claims. A claim pays for them only when
@@ -566,6 +572,16 @@ CREATE FUNCTION files.claim_batch(worker_ids text[], queues text[] DEFAULT NULL,
 RETURNS SETOF files.files
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Its statements are planned once per session, not at every call (a custom
+-- plan of the claiming update alone cost as much as running it), and only
+-- the plans below fit every number of slots: index lookups driven by the
+-- arrays, never a scan of files.workers or files.files.
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
