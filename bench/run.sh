@@ -87,7 +87,10 @@ for round in 1 2 3; do
 	fi
 	for rate in 200 1000; do
 		pgworker bench cpu --rate "$rate" --duration 10s --slots 100 --json
-		[ -z "$peers" ] || river cpu --rate "$rate" --duration 10s --slots 100 --json
+		if [ -n "$peers" ]; then
+			river cpu --rate "$rate" --duration 10s --slots 100 --json
+			river cpu --rate "$rate" --duration 10s --slots 100 --tuned --json
+		fi
 	done
 	pgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json
 	[ -z "$peers" ] || river cpu --rate 0 --rows 50000 --slots 2000 --json
