@@ -51,11 +51,21 @@ import (
 // sqlClaim claims at most one row per worker id ($1) in queues $2 (NULL:
 // all) with the slots' key $3, in the order of $2 when $4 prefers it;
 // sqlClaimOne the row of one worker id.
+//
+// A claim that took rows commits without waiting for its WAL to be flushed
+// (or to reach a synchronous standby): set_config(..., true) lasts until
+// the claim's own transaction ends, so nothing else the session does is
+// touched. A claim lost in a crash just before the flush leaves its rows
+// pending again: they are claimed again, and this slot's outcome is refused
+// by the fence, which the worker already handles as a row taken back. An
+// outcome is recorded durably, and its commit flushes the claim's WAL
+// before it.
 const (
 	claimColumns = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
        created_at, claimed_at, lease_expires_at, coalesce(last_error, ''), claim_token`
-	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3, $4)`
-	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3, $4)`
+	claimAsync  = ` WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`
+	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3, $4)` + claimAsync
+	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3, $4)` + claimAsync
 )
 
 // minAsk is the fewest idle slots a claim asks rows for when more are idle.

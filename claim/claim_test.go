@@ -315,3 +315,64 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 type syncBuffer = testhelp.SyncBuffer
+
+// A claim's transaction commits without waiting for its WAL flush, and the
+// session's setting is the same after it: seen at the claim's commit by a
+// deferred trigger, and on the one connection of the pool afterwards.
+func TestClaimCommitsAsynchronously(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE public.seen_at_commit (setting text);
+		CREATE FUNCTION public.note_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO public.seen_at_commit VALUES (current_setting('synchronous_commit'));
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER note_commit AFTER UPDATE ON files.files
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.note_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, pool, 3, "q")
+	c := claim.New(pool, &claim.Config{Queues: []string{"q"}})
+	for _, ids := range [][]string{{"a:1:0"}, {"a:1:1", "a:1:2"}} { // files.claim, files.claim_batch
+		rows, err := c.Claim(ctx, ids)
+		if err != nil || len(rows) != len(ids) {
+			t.Fatalf("claim for %v: %d rows, %v", ids, len(rows), err)
+		}
+	}
+	var settings []string
+	rs, _ := pool.Query(ctx, "SELECT setting FROM public.seen_at_commit")
+	for rs.Next() {
+		var s string
+		if err := rs.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		settings = append(settings, s)
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(settings) != 3 || strings.Count(strings.Join(settings, ","), "off") != 3 {
+		t.Fatalf("synchronous_commit at the claims' commits: %v, want off three times", settings)
+	}
+	var after string
+	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after); err != nil || after != "on" {
+		t.Fatalf("synchronous_commit after the claims: %q, %v; want on (the claim's setting is its transaction's)", after, err)
+	}
+	// Nothing to claim: no rows, no error.
+	if rows, err := c.Claim(ctx, []string{"a:1:3", "a:1:4"}); err != nil || len(rows) != 0 {
+		t.Fatalf("claim of an empty queue: %d rows, %v", len(rows), err)
+	}
+}
