@@ -97,6 +97,12 @@ func TestServerRestart(t *testing.T) {
 	settled(t, w)
 	first := insert(t, test, 1)[0]
 	g.next(t, "the first row")
+	// A claim commits without waiting for its WAL flush (package claim): a
+	// checkpoint flushes it, so that the row is certainly held across the
+	// crash. (A claim the crash takes with it: TestClaimLostWithTheServer.)
+	if _, err := test.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
 
 	proxy.Refuse()
 	if err := cluster.Restart(ctx, "immediate"); err != nil {
@@ -240,6 +246,70 @@ func TestSerializationFailureIsALostRace(t *testing.T) {
 	}
 	if problems := logs.problems(); len(problems) > 0 {
 		t.Fatalf("warnings or errors logged:\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// A claim lost with the server: it committed without waiting for its WAL
+// flush, and the server crashed before the flush, so the row is pending
+// again as it was before the claim, with its attempt count, while this
+// worker runs it. Another worker claims it (attempt 1 again, its own token);
+// the heartbeat notices, the handler is cancelled, its late success changes
+// nothing, and the row has one outcome, the other worker's.
+func TestClaimLostWithTheServer(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	lateResult := make(chan error, 1)
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		<-ctx.Done()
+		lateResult <- context.Cause(ctx)
+		return &worker.Result{Output: "late"}, nil // a success after the loss
+	})
+	w := start(t, pool, &worker.Config{Handler: h, HeartbeatInterval: 100 * time.Millisecond, SafetyNet: time.Hour})
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running'", id)
+
+	// What the crash leaves, and the other worker's claim, in one
+	// transaction: the row as it was before the claim, then claimed again.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // after a failure, so that the pool can close
+	if _, err := tx.Exec(ctx, `UPDATE files.files SET state = 'pending', worker_id = NULL, attempt = attempt - 1,
+		claimed_at = NULL, lease_expires_at = NULL, claim_token_hash = NULL WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	var token string
+	if err := tx.QueryRow(ctx, "SELECT claim_token FROM files.claim('other', NULL, 1) WHERE attempt = 1").Scan(&token); err != nil {
+		t.Fatalf("the other worker's claim: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	select {
+	case cause := <-lateResult:
+		if !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Fatalf("cause %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(patience):
+		t.Fatal("handler not cancelled after its claim was lost")
+	}
+	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
+	var ok bool
+	if err := pool.QueryRow(ctx, "SELECT files.complete($1, 'other', 1, $2)", id, token).Scan(&ok); err != nil || !ok {
+		t.Fatalf("the other worker's outcome: %v, %v", ok, err)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE file_id = $1", id); n != 1 {
+		t.Fatalf("%d attempts recorded, want the other worker's alone", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE file_id = $1 AND attempt = 1 AND outcome = 'done' AND worker_id = 'other'", id); n != 1 {
+		t.Fatal("the row's outcome is not the other worker's")
+	}
+	if s := w.Stats(); s.LeaseLosses != 1 || s.Done != 0 {
+		t.Fatalf("stats: %+v", s)
 	}
 }
 
