@@ -471,3 +471,25 @@ func TestSoak(t *testing.T) {
 	}
 	cleanedUp(t, pool)
 }
+
+// Views leaves nothing behind, its made-up live slots neither: the next
+// mode runs on the same database.
+func TestViews(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Views(context.Background(), &bench.ViewsConfig{Rows: 2000, Attempts: 2000, Slots: 32, Queries: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "views")
+	if qs, _ := m["queries"].([]any); len(qs) < 7 {
+		t.Errorf("%d reads timed, want every view and pgworker status", len(qs))
+	}
+	cleanedUp(t, pool)
+	if n := count(t, pool, "SELECT count(*) FROM files.workers"); n != 0 {
+		t.Errorf("%d slots left behind", n)
+	}
+	if _, err := b.Throughput(context.Background(), &bench.ThroughputConfig{Rows: 20, Slots: 2}); err != nil {
+		t.Fatalf("a run after views: %v", err)
+	}
+}

@@ -28,7 +28,7 @@ FROM generate_series($1::bigint, $2::bigint) i`
 	// $1 live slots on $1/16 nodes, and as many stopped ones.
 	sqlInsertViewWorkers = `
 INSERT INTO files.workers (worker_id, node, pid, slot, state, version, last_heartbeat_at, stopped_at)
-SELECT 'bench-node-' || (g / 16) || ':' || (1000 + g / 16) || ':' || (g % 16) || CASE WHEN g >= $1 THEN ':old' ELSE '' END,
+SELECT '` + viewsSlots + `bench-node-' || (g / 16) || ':' || (1000 + g / 16) || ':' || (g % 16) || CASE WHEN g >= $1 THEN ':old' ELSE '' END,
        'bench-node-' || (g / 16), 1000 + g / 16, g % 16,
        CASE WHEN g < $1 THEN 'active' ELSE 'stopped' END, 'bench', now(),
        CASE WHEN g >= $1 THEN now() - interval '1 day' END
@@ -45,7 +45,7 @@ FROM w JOIN f USING (n) WHERE x.id = f.id`
 	sqlInsertViewAttempts = `
 INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, error, exit_code, duration)
 SELECT 1 + (i * 7919) % $3, $6::text, 1,
-       'bench-node-' || ((i % (2 * $4)) / 16) || ':' || (1000 + (i % (2 * $4)) / 16) || ':' || (i % 16)
+       '` + viewsSlots + `bench-node-' || ((i % (2 * $4)) / 16) || ':' || (1000 + (i % (2 * $4)) / 16) || ':' || (i % 16)
            || CASE WHEN i % (2 * $4) >= $4 THEN ':old' ELSE '' END,
        now() - interval '2 hours' + (i::double precision / $5) * interval '2 hours' - interval '20 seconds',
        now() - interval '2 hours' + (i::double precision / $5) * interval '2 hours',
@@ -54,7 +54,13 @@ SELECT 1 + (i * 7919) % $3, $6::text, 1,
 FROM generate_series($1::bigint, $2::bigint) i`
 	sqlAnalyzeViews       = `ANALYZE files.files; ANALYZE files.attempts; ANALYZE files.workers; ANALYZE files.queue_counts`
 	sqlDeleteViewsBatches = `DELETE FROM files.batches WHERE batch LIKE 'pgworker-bench-views-%'`
+	// The slots go with the run, live ones too: the modes after it would
+	// find them and refuse to run beside them.
+	sqlDeleteViewsSlots = `DELETE FROM files.workers WHERE worker_id LIKE '` + viewsSlots + `%'`
 )
+
+// viewsSlots starts the ids of the slots Views makes up.
+const viewsSlots = workerPrefix + "views:"
 
 // ViewsConfig sizes a Views run.
 type ViewsConfig struct {
@@ -113,6 +119,11 @@ func (b *Bench) Views(ctx context.Context, cfg *ViewsConfig) (*ViewsResult, erro
 	res := &ViewsResult{Rows: c.Rows, Attempts: c.Attempts, Slots: c.Slots, Reads: c.Queries}
 	err := b.run(ctx, "views", func(ctx context.Context) error {
 		defer b.pool.Exec(context.WithoutCancel(ctx), sqlDeleteViewsBatches) //nolint:errcheck // scratch batches, best effort
+		defer func() {
+			if _, err := b.pool.Exec(context.WithoutCancel(ctx), sqlDeleteViewsSlots); err != nil {
+				b.logger.Warn("bench: delete the slots of views", "error", err)
+			}
+		}()
 		res.Setup = b.setup("views")
 		start := time.Now()
 		if err := b.fillViews(ctx, &c); err != nil {
