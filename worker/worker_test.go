@@ -249,6 +249,32 @@ func TestSerializationFailureIsALostRace(t *testing.T) {
 	}
 }
 
+// lateSuccess starts a worker whose handler runs until its context is
+// cancelled and then returns a success, too late. lost waits for that
+// cancellation and checks that its cause is a lost lease.
+func lateSuccess(t *testing.T, pool *pgxpool.Pool) (w *worker.Worker, lost func(when string)) {
+	t.Helper()
+	causes := make(chan error, 1)
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return &worker.Result{Output: "late"}, nil // a success after the loss
+	})
+	w = start(t, pool, &worker.Config{Handler: h, HeartbeatInterval: 100 * time.Millisecond, SafetyNet: time.Hour})
+	settled(t, w)
+	return w, func(when string) {
+		t.Helper()
+		select {
+		case cause := <-causes:
+			if !errors.Is(cause, worker.ErrLeaseLost) {
+				t.Fatalf("cause %v, want ErrLeaseLost", cause)
+			}
+		case <-time.After(patience):
+			t.Fatal("handler not cancelled " + when)
+		}
+	}
+}
+
 // A claim lost with the server: it committed without waiting for its WAL
 // flush, and the server crashed before the flush, so the row is pending
 // again as it was before the claim, with its attempt count, while this
@@ -259,14 +285,7 @@ func TestClaimLostWithTheServer(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	lateResult := make(chan error, 1)
-	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
-		<-ctx.Done()
-		lateResult <- context.Cause(ctx)
-		return &worker.Result{Output: "late"}, nil // a success after the loss
-	})
-	w := start(t, pool, &worker.Config{Handler: h, HeartbeatInterval: 100 * time.Millisecond, SafetyNet: time.Hour})
-	settled(t, w)
+	w, lost := lateSuccess(t, pool)
 	id := insert(t, pool, 1)[0]
 	waitCount(t, pool, 1, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running'", id)
 
@@ -289,14 +308,7 @@ func TestClaimLostWithTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	select {
-	case cause := <-lateResult:
-		if !errors.Is(cause, worker.ErrLeaseLost) {
-			t.Fatalf("cause %v, want ErrLeaseLost", cause)
-		}
-	case <-time.After(patience):
-		t.Fatal("handler not cancelled after its claim was lost")
-	}
+	lost("after its claim was lost")
 	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
 	var ok bool
 	if err := pool.QueryRow(ctx, "SELECT files.complete($1, 'other', 1, $2)", id, token).Scan(&ok); err != nil || !ok {
@@ -320,14 +332,7 @@ func TestLeaseLossCancelsHandler(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	lateResult := make(chan error, 1)
-	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
-		<-ctx.Done()
-		lateResult <- context.Cause(ctx)
-		return &worker.Result{Output: "late"}, nil // a success after the loss
-	})
-	w := start(t, pool, &worker.Config{Handler: h, HeartbeatInterval: 100 * time.Millisecond, SafetyNet: time.Hour})
-	settled(t, w)
+	w, lost := lateSuccess(t, pool)
 	// reap counts no silence from before the server's start: wait for more
 	// uptime than the default lease.
 	testhelp.WaitServerUp(t, pool, 15*time.Second)
@@ -356,14 +361,7 @@ func TestLeaseLossCancelsHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	select {
-	case cause := <-lateResult:
-		if !errors.Is(cause, worker.ErrLeaseLost) {
-			t.Fatalf("cause %v, want ErrLeaseLost", cause)
-		}
-	case <-time.After(patience):
-		t.Fatal("handler not cancelled after losing its lease")
-	}
+	lost("after losing its lease")
 	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running' AND worker_id = 'thief' AND attempt = 2", id); n != 1 {
 		t.Fatal("the late success changed the row")
