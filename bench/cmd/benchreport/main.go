@@ -855,7 +855,10 @@ func renderCPU(p printer, rp *report) {
 	}
 	p("\n")
 	for _, rate := range rates {
-		for _, sys := range []struct{ id, name string }{{"pgworker", "pgworker"}, {"river", "River"}} {
+		for _, sys := range systems {
+			if sys.tuned {
+				continue // River's statements: those of its default, the first run
+			}
 			r := rp.find(sys.id, "cpu", func(r result) bool { return r.n("rate") == rate })
 			st, _ := r["statements"].([]any)
 			if len(st) == 0 {
