@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestWorkDir takes the worker's work directory away mid-run, twice: first
@@ -71,18 +73,20 @@ func TestWorkDir(t *testing.T) {
 		{"unwritable (chmod 0500)", "permission denied",
 			func() error { return os.Chmod(wd, 0o500) },
 			func() error { return os.Chmod(wd, 0o700) }},
+		// One atomic exchange, so that no slot sees the moment in between,
+		// when there would be nothing at the path at all.
 		{"replaced by a regular file", "not a directory",
 			func() error {
-				if err := os.Rename(wd, wd+".away"); err != nil {
+				if err := os.WriteFile(wd+".away", []byte("not a directory\n"), 0o644); err != nil {
 					return err
 				}
-				return os.WriteFile(wd, []byte("not a directory\n"), 0o644)
+				return exchange(wd+".away", wd)
 			},
 			func() error {
-				if err := os.Remove(wd); err != nil {
+				if err := exchange(wd+".away", wd); err != nil {
 					return err
 				}
-				return os.Rename(wd+".away", wd)
+				return os.Remove(wd + ".away")
 			}},
 	}
 	const unusable = `"msg":"work directory unusable`
@@ -146,6 +150,15 @@ func TestWorkDir(t *testing.T) {
 	r.deadBesides()
 	r.record(7, "work directory unusable mid-run (one worker, 2 slots)",
 		fmt.Sprintf("%d × work directory fault", len(faults)), notes...)
+}
+
+// exchange swaps what two paths name in one step (renameat2's
+// RENAME_EXCHANGE).
+func exchange(a, b string) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+		return &os.LinkError{Op: "exchange", Old: a, New: b, Err: err}
+	}
+	return nil
 }
 
 // lastLine returns the last line of a file that contains s.
