@@ -583,30 +583,36 @@ DECLARE
     v_hid   bigint[];
     v_now   double precision := extract(epoch FROM clock_timestamp());
     v_rows  bigint[];
+    v_names text[];
+    v_prios integer[];
     v_hints jsonb;
+    v_hint  jsonb;
+    v_set   text;
 BEGIN
     -- The session's hints: per queue the claim-order position (priority,
     -- id) just past the last row this session claimed, the time of its last
     -- full search and the claims since. Set by anyone, they are read with
-    -- care: a value that does not parse is no hint at all.
+    -- care: a value that does not parse is no hint at all. Here and below,
+    -- the hints are read and written in plain expressions, not statements:
+    -- each statement costs more than all of them together.
     BEGIN
         v_state := nullif(current_setting('pgworker.claim_hints', true), '')::jsonb;
         v_at := (v_state ->> 'at')::double precision;
         v_count := (v_state ->> 'n')::integer;
         v_hints := v_state -> 'q';
-        PERFORM (e.value ->> 0)::integer, (e.value ->> 1)::bigint FROM jsonb_each(v_hints) e;
-        SELECT array_agg((v_hints -> q.name ->> 0)::integer ORDER BY q.ord),
-               array_agg((v_hints -> q.name ->> 1)::bigint ORDER BY q.ord)
-        INTO v_hp, v_hid
-        FROM unnest(pick.queues) WITH ORDINALITY AS q(name, ord);
+        IF jsonb_typeof(v_hints) = 'object' THEN
+            FOR i IN 1 .. cardinality(pick.queues) LOOP
+                v_hp[i] := (v_hints -> pick.queues[i] ->> 0)::integer;
+                v_hid[i] := (v_hints -> pick.queues[i] ->> 1)::bigint;
+            END LOOP;
+        ELSE
+            v_hints := '{}';
+        END IF;
     EXCEPTION WHEN OTHERS THEN
         v_at := NULL;
-        v_hints := NULL;
+        v_hints := '{}';
     END;
     v_full := v_at IS NULL OR v_count IS NULL OR v_count >= 63 OR v_now - v_at >= 1 OR v_now < v_at;
-    IF jsonb_typeof(v_hints) IS DISTINCT FROM 'object' THEN
-        v_hints := '{}';
-    END IF;
     IF v_full THEN
         v_hp := NULL;
         v_hid := NULL;
@@ -676,22 +682,24 @@ BEGIN
         SELECT p.name, p.ord, p.id, p.priority FROM picked p
         ORDER BY CASE WHEN pick.prefer THEN p.ord END, p.priority DESC, p.id
         LIMIT pick.n
-    ), last AS (
-        -- The last row taken of each queue, in claim order.
-        SELECT DISTINCT ON (b.name) b.name, b.priority, b.id FROM best b
-        ORDER BY b.name, b.priority, b.id DESC
     )
-    -- A hint moves on only, past the last row taken (a full search may
-    -- take a row from before it).
-    SELECT (SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id) FROM best b),
-           v_hints || coalesce((
-               SELECT jsonb_object_agg(l.name, jsonb_build_array(l.priority, l.id + 1)) FROM last l
-               WHERE l.id < 9223372036854775807 AND (v_hints -> l.name IS NULL
-                  OR l.priority < (v_hints -> l.name ->> 0)::integer
-                  OR (l.priority = (v_hints -> l.name ->> 0)::integer AND l.id >= (v_hints -> l.name ->> 1)::bigint))
-           ), '{}')
-    INTO v_rows, v_hints;
-    PERFORM set_config('pgworker.claim_hints', jsonb_build_object(
+    SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+           array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+           array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
+    INTO v_rows, v_names, v_prios
+    FROM best b;
+
+    -- A queue's hint moves on only, past the last row taken of it (a full
+    -- search may take a row from before it). A queue's rows come in claim
+    -- order, so its last one passing the test is the last row taken.
+    FOR i IN 1 .. coalesce(cardinality(v_rows), 0) LOOP
+        v_hint := v_hints -> v_names[i];
+        IF v_rows[i] < 9223372036854775807 AND (v_hint IS NULL OR v_prios[i] < (v_hint ->> 0)::integer
+           OR (v_prios[i] = (v_hint ->> 0)::integer AND v_rows[i] >= (v_hint ->> 1)::bigint)) THEN
+            v_hints := v_hints || jsonb_build_object(v_names[i], jsonb_build_array(v_prios[i], v_rows[i] + 1));
+        END IF;
+    END LOOP;
+    v_set := set_config('pgworker.claim_hints', jsonb_build_object(
         'at', CASE WHEN v_full THEN v_now ELSE v_at END,
         'n', CASE WHEN v_full THEN 0 ELSE v_count + 1 END,
         'q', v_hints)::text, false);
@@ -917,8 +925,19 @@ BEGIN
     END IF;
     PERFORM files.check_queues('files.claim', claim.queues);
 
-    SELECT w.state, w.lease_timeout, w.key_hash INTO v_state, v_lease, v_hash
-    FROM files.workers w WHERE w.worker_id = claim.worker_id;
+    -- The slot, and in the same statement the queues to take from, in name
+    -- order, or in the caller's order when it prefers; a queue's fair share
+    -- and cap as files.claim_batch reads them.
+    SELECT w.state, w.lease_timeout, w.key_hash, q.queues, q.fair, q.capped
+    INTO v_state, v_lease, v_hash, v_queues, v_fair, v_capped
+    FROM (
+        SELECT array_agg(q.queue ORDER BY CASE WHEN claim.prefer THEN array_position(claim.queues, q.queue) END, q.queue) AS queues,
+               array_agg(q.fair_share ORDER BY CASE WHEN claim.prefer THEN array_position(claim.queues, q.queue) END, q.queue) AS fair,
+               bool_or(q.max_running IS NOT NULL) AS capped
+        FROM files.queues q
+        WHERE NOT q.paused AND (claim.queues IS NULL OR q.queue = ANY (claim.queues))
+    ) q
+    LEFT JOIN files.workers w ON w.worker_id = claim.worker_id;
     IF v_hash IS DISTINCT FROM v_key AND v_hash IS NOT NULL THEN
         RAISE EXCEPTION 'files.claim: slot % has a key and this is not it', claim.worker_id
             USING ERRCODE = 'insufficient_privilege',
@@ -940,14 +959,6 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The queues to take from, in name order, or in the caller's order when it
-    -- prefers; a queue's fair share and cap as files.claim_batch reads them.
-    SELECT array_agg(q.queue ORDER BY CASE WHEN claim.prefer THEN array_position(claim.queues, q.queue) END, q.queue),
-           array_agg(q.fair_share ORDER BY CASE WHEN claim.prefer THEN array_position(claim.queues, q.queue) END, q.queue),
-           bool_or(q.max_running IS NOT NULL)
-    INTO v_queues, v_fair, v_capped
-    FROM files.queues q
-    WHERE NOT q.paused AND (claim.queues IS NULL OR q.queue = ANY (claim.queues));
     IF v_queues IS NULL THEN
         RETURN;
     END IF;
@@ -1055,17 +1066,30 @@ BEGIN
     -- The active slots, each once, in the order given; draining ones take
     -- nothing. An unknown slot is registered, a claim proves a stopped or
     -- dead slot alive, and a slot without a key takes the one given: these
-    -- cost a second look, the usual claim one join.
-    SELECT array_agg(s.id ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining'),
-           array_agg(w.lease_timeout ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining'),
-           bool_or(w.state IS DISTINCT FROM 'active' OR (w.key_hash IS NULL AND v_key IS NOT NULL))
-               FILTER (WHERE w.state IS DISTINCT FROM 'draining'),
-           min(s.id) FILTER (WHERE w.key_hash IS NOT NULL AND w.key_hash IS DISTINCT FROM v_key)
-    INTO v_ids, v_leases, v_revive, v_bad
-    FROM (SELECT u.id, min(u.ord) AS ord
-          FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
-          GROUP BY u.id) s
-    LEFT JOIN files.workers w ON w.worker_id = s.id;
+    -- cost a second look, the usual claim one join. In the same statement,
+    -- the queues to take from, in name order, or in the caller's order when
+    -- it prefers, with whether their batches take turns and whether one has
+    -- a fleet-wide cap. Queues without either cost nothing more: no lock, no
+    -- count.
+    SELECT s.ids, s.leases, s.revive, s.bad, q.queues, q.fair, q.capped
+    INTO v_ids, v_leases, v_revive, v_bad, v_queues, v_fair, v_capped
+    FROM (
+        SELECT array_agg(s.id ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS ids,
+               array_agg(w.lease_timeout ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS leases,
+               bool_or(w.state IS DISTINCT FROM 'active' OR (w.key_hash IS NULL AND v_key IS NOT NULL))
+                   FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS revive,
+               min(s.id) FILTER (WHERE w.key_hash IS NOT NULL AND w.key_hash IS DISTINCT FROM v_key) AS bad
+        FROM (SELECT u.id, min(u.ord) AS ord
+              FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
+              GROUP BY u.id) s
+        LEFT JOIN files.workers w ON w.worker_id = s.id
+    ) s, (
+        SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS queues,
+               array_agg(q.fair_share ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS fair,
+               bool_or(q.max_running IS NOT NULL) AS capped
+        FROM files.queues q
+        WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues))
+    ) q;
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'files.claim_batch: slot % has a key and this is not it', v_bad
             USING ERRCODE = 'insufficient_privilege',
@@ -1095,16 +1119,6 @@ BEGIN
         END IF;
     END IF;
 
-    -- The queues to take from, in name order, or in the caller's order when it
-    -- prefers, with whether their batches take turns and whether one has a
-    -- fleet-wide cap. Queues without either cost nothing more: no lock, no
-    -- count.
-    SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue),
-           array_agg(q.fair_share ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue),
-           bool_or(q.max_running IS NOT NULL)
-    INTO v_queues, v_fair, v_capped
-    FROM files.queues q
-    WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues));
     IF v_queues IS NULL THEN
         RETURN;
     END IF;
