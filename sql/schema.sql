@@ -1420,14 +1420,7 @@ BEGIN
             claim_token_hash = NULL
         WHERE f.id = complete.id AND f.worker_id = complete.worker_id AND f.attempt = complete.attempt
           AND f.claim_token_hash = sha256(convert_to(complete.token, 'UTF8'))
-        RETURNING f.id, f.claimed_at, f.batch, f.priority, f.max_attempts, f.queue,
-                  CASE WHEN complete.then_queue IS NOT NULL THEN f.payload END AS payload
-    ), next AS (
-        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
-        SELECT complete.then_queue, d.priority, d.payload, o.key, o.key, d.batch, d.max_attempts
-        FROM done d, files.output_keys(complete.result) AS o(key)
-        WHERE complete.then_queue IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key)
+        RETURNING f.id, f.claimed_at, f.batch, f.queue
     ), logged AS (
         INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
@@ -1443,9 +1436,16 @@ BEGIN
     SELECT count(*), min(d.batch), array_agg(d.queue) FILTER (WHERE complete.then_queue IS NOT NULL),
            array_agg(d.queue) FILTER (WHERE EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = d.queue AND q.max_running IS NOT NULL))
     INTO n, v_batch, v_queues, v_capped FROM done d;
-    -- A loop undoes the whole statement, the rows it enqueued with it.
-    IF complete.then_queue IS NOT NULL THEN
+    -- The outputs become rows of then_queue, with the row's batch, priority,
+    -- payload and max_attempts; a loop undoes the whole call. A statement of
+    -- its own: an INSERT runs the enqueue trigger even when it adds nothing.
+    IF complete.then_queue IS NOT NULL AND n > 0 THEN
         PERFORM files.check_then('files.complete', complete.then_queue, v_queues);
+        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
+        SELECT complete.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
+        FROM files.files f, files.output_keys(f.result) AS o(key)
+        WHERE f.id = complete.id
+          AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key);
     END IF;
     IF n = 0 THEN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
@@ -1506,16 +1506,7 @@ BEGIN
               ORDER BY x.id) u
         WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
           AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
-        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.priority, f.max_attempts, f.queue,
-                  -- Only a stage that feeds the next needs them.
-                  CASE WHEN complete_many.then_queue IS NOT NULL THEN f.payload END AS payload,
-                  CASE WHEN complete_many.then_queue IS NOT NULL THEN u.result END AS result
-    ), next AS (
-        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
-        SELECT complete_many.then_queue, d.priority, d.payload, o.key, o.key, d.batch, d.max_attempts
-        FROM (SELECT * FROM done ORDER BY id) d, files.output_keys(d.result) AS o(key)
-        WHERE complete_many.then_queue IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key)
+        RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.queue
     ), logged AS (
         INSERT INTO files.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome,
                                     exit_code, duration, stderr_tail)
@@ -1532,9 +1523,15 @@ BEGIN
            array_agg(d.queue) FILTER (WHERE complete_many.then_queue IS NOT NULL),
            array_agg(DISTINCT d.queue) FILTER (WHERE EXISTS (SELECT 1 FROM files.queues q WHERE q.queue = d.queue AND q.max_running IS NOT NULL))
     INTO v_done, v_batches, v_queues, v_capped FROM done d;
-    -- A loop undoes the whole statement, the rows it enqueued with it.
-    IF complete_many.then_queue IS NOT NULL THEN
+    -- As in files.complete: the outputs of the rows marked, in id order, in a
+    -- statement of their own; a loop undoes the whole call.
+    IF complete_many.then_queue IS NOT NULL AND v_done IS NOT NULL THEN
         PERFORM files.check_then('files.complete_many', complete_many.then_queue, v_queues);
+        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
+        SELECT complete_many.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
+        FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = d.id ORDER BY f.id) f,
+             files.output_keys(f.result) AS o(key)
+        WHERE NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key);
     END IF;
     IF coalesce(cardinality(v_done), 0) < cardinality(complete_many.ids) THEN
         PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);
