@@ -1010,13 +1010,15 @@ BEGIN
     -- The outputs become rows of then_queue, with the row's batch, priority,
     -- payload and max_attempts; a loop undoes the whole call. A statement of
     -- its own: an INSERT runs the enqueue trigger even when it adds nothing.
-    IF complete.then_queue IS NOT NULL AND n > 0 THEN
+    IF complete.then_queue IS NOT NULL THEN
         PERFORM files.check_then('files.complete', complete.then_queue, v_queues);
-        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
-        SELECT complete.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
-        FROM files.files f, files.output_keys(f.result) AS o(key)
-        WHERE f.id = complete.id
-          AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key);
+        IF n > 0 THEN
+            INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
+            SELECT complete.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
+            FROM files.files f, files.output_keys(f.result) AS o(key)
+            WHERE f.id = complete.id
+              AND NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete.then_queue AND k.key = o.key);
+        END IF;
     END IF;
     IF n = 0 THEN
         PERFORM files.refuse_forged('files.complete', ARRAY[complete.id], ARRAY[complete.worker_id], ARRAY[complete.attempt]);
@@ -1098,13 +1100,15 @@ BEGIN
     INTO v_done, v_batches, v_queues, v_capped FROM done d;
     -- As in files.complete: the outputs of the rows marked, in id order, in a
     -- statement of their own; a loop undoes the whole call.
-    IF complete_many.then_queue IS NOT NULL AND v_done IS NOT NULL THEN
+    IF complete_many.then_queue IS NOT NULL THEN
         PERFORM files.check_then('files.complete_many', complete_many.then_queue, v_queues);
-        INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
-        SELECT complete_many.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
-        FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = d.id ORDER BY f.id) f,
-             files.output_keys(f.result) AS o(key)
-        WHERE NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key);
+        IF v_done IS NOT NULL THEN
+            INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
+            SELECT complete_many.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
+            FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = d.id ORDER BY f.id) f,
+                 files.output_keys(f.result) AS o(key)
+            WHERE NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key);
+        END IF;
     END IF;
     IF coalesce(cardinality(v_done), 0) < cardinality(complete_many.ids) THEN
         PERFORM files.refuse_forged('files.complete_many', complete_many.ids, complete_many.worker_ids, complete_many.attempts);

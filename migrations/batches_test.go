@@ -305,6 +305,10 @@ func TestCompleteThenQueue(t *testing.T) {
 	if queryBool(t, pool, "SELECT files.complete($1, $2, $3, $4, $5, NULL, 'stage2')", a.id, a.worker, a.attempt, a.token, result) {
 		t.Fatal("a second complete of the same attempt was accepted")
 	}
+	_, err = pool.Exec(ctx, "SELECT files.complete($1, $2, $3, $4, $5, NULL, '')", a.id, a.worker, a.attempt, a.token, result)
+	if sqlState(err) != "22023" {
+		t.Fatalf("an empty then_queue on an outcome that changes nothing: %v, want 22023", err)
+	}
 	n := queryInt(t, pool, `SELECT count(*) FROM files.files WHERE queue = 'stage2' AND batch = 'chain' AND priority = 7
 		AND payload = '{"lang":"en"}' AND max_attempts = 2 AND source = unique_key AND source IN ('1/1-x/a.txt', '1/1-x/b.txt')`)
 	if n != 2 {
