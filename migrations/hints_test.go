@@ -2,6 +2,8 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -9,14 +11,26 @@ import (
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
 
-// A session's claims start their search where its last claim ended
-// (files.pick). These tests hold rows behind that hint and prove each is
-// still claimed: found by the whole-range search that runs at least every
-// 64th claim of a session, or at once when the hinted search finds nothing.
+// Once a session's whole-range search is slow, its claims start their
+// search where its last claim ended (files.pick). These tests hold rows
+// behind that hint and prove each is still claimed: found by the
+// whole-range search that runs at least every 64th claim of a session, or
+// at once when the hinted search finds nothing. Their sessions keep hints
+// from the first claim on (pgworker.claim_hint_ms = 0: every search is
+// slow); TestClaimHintsStartWhenSearchIsSlow tests when hints start and
+// stop.
 
-// hintConn is one session on the database of url, so that its hints carry
-// from claim to claim.
+// hintConn is one session on the database of url that keeps hints from its
+// first claim on, so that they carry from claim to claim.
 func hintConn(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	conn := plainConn(t, url)
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
+	return conn
+}
+
+// plainConn is one session on the database of url.
+func plainConn(t *testing.T, url string) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
@@ -25,6 +39,19 @@ func hintConn(t *testing.T, url string) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// hints is the session's pgworker.claim_hints ("" when it keeps none).
+func hints(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var v *string
+	if err := conn.QueryRow(context.Background(), "SELECT current_setting('pgworker.claim_hints', true)").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v == nil {
+		return ""
+	}
+	return *v
 }
 
 func claimOn(t *testing.T, conn *pgx.Conn, worker string, max int) []claimed {
@@ -274,7 +301,14 @@ func TestClaimHintKeepsPriority(t *testing.T) {
 func TestClaimHintIgnoresForgedSettings(t *testing.T) {
 	t.Parallel()
 	conn := hintConn(t, pgtest.URL(t))
-	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 20) g")
+	for _, ms := range []string{"garbage", "-1", "1e400", "99999999999999", "0.5.5"} {
+		mustExec(t, conn, "SELECT set_config('pgworker.claim_hint_ms', $1, false)", ms)
+		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
+			t.Fatalf("with pgworker.claim_hint_ms = %s: claimed %d rows, want 1", ms, len(got))
+		}
+	}
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
 	for _, v := range []string{
 		"garbage", "[]", `{"at": "x"}`, `{"at": 1e12, "n": 0, "q": []}`, `{"at": 1e12, "n": 0, "q": {"default": ["x", 1]}}`,
 		`{"at": 1e12, "n": 0, "q": {"default": [0, "y"]}}`, `{"at": 1e300, "n": 1e300, "q": {}}`,
@@ -283,5 +317,68 @@ func TestClaimHintIgnoresForgedSettings(t *testing.T) {
 		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
 			t.Fatalf("with pgworker.claim_hints = %s: claimed %d rows, want 1", v, len(got))
 		}
+	}
+}
+
+// TestClaimHintsStartWhenSearchIsSlow: a session searches whole ranges and
+// keeps no hints while those searches are fast; one that is slow starts
+// hints, and a fast whole-range search after that drops them. The slow
+// search is a real one: a transaction holds the xmin horizon while 50,000
+// rows leave the queue, so their index entries stay for the search to walk.
+func TestClaimHintsStartWhenSearchIsSlow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	conn, holder := plainConn(t, url), plainConn(t, url)
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+
+	// Fast searches (no search is slower than a minute): no hints.
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	for i := 0; i < 3; i++ {
+		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
+			t.Fatalf("claim %d: %d rows, want 1", i, len(got))
+		}
+		if h := hints(t, conn); h != "" {
+			t.Fatalf("claim %d: hints %s after fast searches, want none", i, h)
+		}
+	}
+
+	// Held dead entries make the whole-range search slow: the claim after
+	// it starts past them.
+	tx, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM files.queues").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'dead' || g FROM generate_series(1, 50000) g")
+	mustExec(t, conn, "SELECT files.cancel(VARIADIC (SELECT array_agg(id) FROM files.files WHERE state = 'pending'))")
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'y' || g FROM generate_series(1, 3) g")
+	// 50,000 entries take several milliseconds to walk; the bound is a
+	// tenth of one, so that no machine is fast enough to pass under it.
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0.1")
+	got := claimOn(t, conn, "w1", 1)
+	if len(got) != 1 {
+		t.Fatalf("claimed %d rows, want 1", len(got))
+	}
+	if h := hints(t, conn); !strings.Contains(h, fmt.Sprintf(`"default": [0, %d]`, got[0].ID+1)) {
+		t.Fatalf("hints %q after a slow search, want the default queue's past row %d", h, got[0].ID)
+	}
+	if got := claimOn(t, conn, "w1", 1); len(got) != 1 || hints(t, conn) == "" {
+		t.Fatalf("hinted claim: %d rows, hints %q", len(got), hints(t, conn))
+	}
+
+	// The next whole-range search (forced here by an old time) is fast
+	// under a bound of a minute: the hints go.
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', '{"at": 0, "n": 0, "q": {}}', false)`)
+	if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
+		t.Fatalf("claimed %d rows, want 1", len(got))
+	}
+	if h := hints(t, conn); h != "" {
+		t.Fatalf("hints %s after a fast whole-range search, want none", h)
 	}
 }

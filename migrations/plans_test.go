@@ -53,6 +53,8 @@ func TestHotPathPlans(t *testing.T) {
 		"SET auto_explain.log_level = notice",
 		"SET jit = on",
 		"SET jit_above_cost = 0",
+		// Whole-range searches first (none is slower than a minute).
+		"SET pgworker.claim_hint_ms = 60000",
 	} {
 		mustExec(t, conn, s)
 	}
@@ -60,6 +62,11 @@ func TestHotPathPlans(t *testing.T) {
 	// More than five times: PostgreSQL's own choice switches to a generic
 	// plan after five custom ones when it finds it as cheap.
 	for i := range 7 {
+		if i == 3 {
+			// A slow search from here on: the fourth claim starts hints, the
+			// rest search from them (files.pick's other statement).
+			mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
+		}
 		var id int64
 		var worker string
 		var attempt int32
@@ -84,7 +91,7 @@ func TestHotPathPlans(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	var nested, generic int
+	var nested, generic, whole, hinted int
 	for _, p := range plans {
 		if strings.Contains(p, "/* test */") {
 			continue // the test's own statements, planned under its settings
@@ -95,10 +102,18 @@ func TestHotPathPlans(t *testing.T) {
 				t.Errorf("a statement of the hot path plans a %s on a table of 5,000 rows:\n%s", bad, p)
 			}
 		}
-		// The row search (files.pick) scans ranges of files_claim_idx, never
-		// the primary key: from the lowest id on, that is the whole table.
-		if strings.Contains(p, "unnest(pick.queues, v_hp") && (strings.Contains(p, "files_pkey") || !strings.Contains(p, "files_claim_idx")) {
-			t.Errorf("the row search plans other than ranges of files_claim_idx:\n%s", p)
+		// The row searches (files.pick) scan ranges of files_claim_idx,
+		// never the primary key: from the lowest id on, that is the whole
+		// table.
+		if strings.Contains(p, "unnest(pick.queues") {
+			if strings.Contains(p, "unnest(pick.queues, v_hp") {
+				hinted++
+			} else {
+				whole++
+			}
+			if strings.Contains(p, "files_pkey") || !strings.Contains(p, "files_claim_idx") {
+				t.Errorf("the row search plans other than ranges of files_claim_idx:\n%s", p)
+			}
 		}
 		if jit && strings.Contains(p, "JIT:") {
 			t.Errorf("a statement of the hot path was compiled by JIT:\n%s", p)
@@ -111,6 +126,9 @@ func TestHotPathPlans(t *testing.T) {
 	}
 	if nested == 0 {
 		t.Fatal("auto_explain reported no statement inside the functions")
+	}
+	if whole != 4 || hinted != 3 {
+		t.Errorf("%d whole-range and %d hinted row searches, want 4 and 3", whole, hinted)
 	}
 	if generic != 7 {
 		t.Errorf("%d generic plans of the queues lookup in 7 claims, want 7", generic)

@@ -552,142 +552,183 @@ $$;
 COMMENT ON FUNCTION files.output_keys(jsonb) IS
     'The keys of the outputs of a result manifest (result->''outputs''[i]->>''key''), in their order.';
 
--- The row search of the claims. While a long transaction (or a replica's
--- hot_standby_feedback, or a stuck replication slot) pins the xmin horizon,
--- the entries of claimed rows stay in files_claim_idx, and a search from the
--- start of the index visits each of them on every claim: tens of
--- milliseconds after a minute at a thousand rows a second. A session keeps,
--- per queue, where its last claim ended, and starts its next search there.
--- A hint is never trusted to be a bound: rows behind it are found by the
--- whole-range search that runs at the session's first claim, then at least
--- once a second and every 64th claim, and by any search whose rows past the
--- hint fall short.
+-- The row search of the claims. A whole-range search of a queue reads
+-- files_claim_idx from its start. That is the cheapest search while dead
+-- entries are cleared as they appear. While a long transaction (or a
+-- replica's hot_standby_feedback, or a stuck replication slot) pins the
+-- xmin horizon, the entries of claimed rows stay in the index, and a search
+-- from its start visits each of them: tens of milliseconds after a minute
+-- at a thousand rows a second. A session whose whole-range search takes
+-- longer than pgworker.claim_hint_ms (1 ms by default, and as much again
+-- for every 100 rows asked for) starts keeping hints: per queue, where its
+-- last claim ended, so that its next search starts there. A hint is never
+-- trusted to be a bound: rows behind it are found by the whole-range search
+-- that runs at least once a second and every 64th claim, and by any search
+-- whose rows past the hint fall short. When that whole-range search is fast
+-- again, the session drops its hints.
 
 CREATE FUNCTION files.pick(queues text[], n integer, rooms integer[] DEFAULT NULL, prefer boolean DEFAULT false)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
+-- No SET clauses: only files.claim and files.claim_batch call it, and it
+-- plans and runs under their settings. Each SET clause costs every call.
 AS $$
 DECLARE
-    v_state jsonb;
-    v_at    double precision;
-    v_count integer;
-    v_full  boolean;
-    v_hp    integer[];
-    v_hid   bigint[];
-    v_now   double precision := extract(epoch FROM clock_timestamp());
-    v_rows  bigint[];
-    v_names text[];
-    v_prios integer[];
-    v_hints jsonb;
-    v_hint  jsonb;
-    v_set   text;
+    v_setting text := current_setting('pgworker.claim_hints', true);
+    v_state   jsonb;
+    v_at      double precision;
+    v_count   integer;
+    v_full    boolean := true;
+    v_hp      integer[];
+    v_hid     bigint[];
+    v_now     double precision := extract(epoch FROM clock_timestamp());
+    v_ms      text;
+    v_slow    double precision;
+    v_rows    bigint[];
+    v_names   text[];
+    v_prios   integer[];
+    v_hints   jsonb;
+    v_hint    jsonb;
+    v_set     text;
 BEGIN
-    -- The session's hints: per queue the claim-order position (priority,
-    -- id) just past the last row this session claimed, the time of its last
-    -- full search and the claims since. Set by anyone, they are read with
-    -- care: a value that does not parse is no hint at all. Here and below,
-    -- the hints are read and written in plain expressions, not statements:
-    -- each statement costs more than all of them together.
-    BEGIN
-        v_state := nullif(current_setting('pgworker.claim_hints', true), '')::jsonb;
-        v_at := (v_state ->> 'at')::double precision;
-        v_count := (v_state ->> 'n')::integer;
-        v_hints := v_state -> 'q';
-        IF jsonb_typeof(v_hints) = 'object' THEN
-            FOR i IN 1 .. cardinality(pick.queues) LOOP
-                v_hp[i] := (v_hints -> pick.queues[i] ->> 0)::integer;
-                v_hid[i] := (v_hints -> pick.queues[i] ->> 1)::bigint;
-            END LOOP;
-        ELSE
-            v_hints := '{}';
-        END IF;
-    EXCEPTION WHEN OTHERS THEN
-        v_at := NULL;
-        v_hints := '{}';
-    END;
-    v_full := v_at IS NULL OR v_count IS NULL OR v_count >= 63 OR v_now - v_at >= 1 OR v_now < v_at;
+    -- The session's hints, if it keeps them: per queue the claim-order
+    -- position (priority, id) just past the last row this session claimed,
+    -- the time of its last whole-range search and the claims since. Set by
+    -- anyone, they are read with care: a value that does not parse is no
+    -- hint at all. Here and below, the hints are read and written in plain
+    -- expressions, not statements: each statement costs more than all of
+    -- them together.
+    IF v_setting <> '' THEN
+        BEGIN
+            v_state := v_setting::jsonb;
+            v_at := (v_state ->> 'at')::double precision;
+            v_count := (v_state ->> 'n')::integer;
+            v_hints := v_state -> 'q';
+            IF jsonb_typeof(v_hints) = 'object' AND v_at IS NOT NULL AND v_count IS NOT NULL THEN
+                FOR i IN 1 .. cardinality(pick.queues) LOOP
+                    v_hp[i] := (v_hints -> pick.queues[i] ->> 0)::integer;
+                    v_hid[i] := (v_hints -> pick.queues[i] ->> 1)::bigint;
+                END LOOP;
+                v_full := v_count >= 63 OR v_now - v_at >= 1 OR v_now < v_at;
+            ELSE
+                v_hints := NULL;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            v_hints := NULL;
+            v_full := true;
+        END;
+    END IF;
     IF v_full THEN
         v_hp := NULL;
         v_hid := NULL;
     END IF;
 
-    -- Per queue, in claim order: rows of a higher priority than the hint,
-    -- rows of its priority from its id on, rows of a lower priority, and
-    -- last the rows of its priority behind the hint. With no hint (a full
-    -- search), the whole range. Each part is an index range scan of
-    -- files_claim_idx, so a hinted search starts past the entries of the
-    -- rows this session claimed before: while a long transaction keeps
-    -- those entries from being removed, a search from the start would walk
-    -- them all on every claim. The part behind the hint is read only when
-    -- the others came back short, in the same statement: a short answer
-    -- still means that nothing else is claimable (a worker then waits for
-    -- a notification).
-    WITH picked AS (
-        SELECT q.name, q.ord, l.id, l.priority
-        FROM unnest(pick.queues, v_hp, v_hid, pick.rooms) WITH ORDINALITY AS q(name, hp, hid, room, ord)
-        CROSS JOIN LATERAL (
-            SELECT a.id, a.priority FROM (
-                SELECT * FROM (
-                    SELECT f.id, f.priority FROM files.files f
-                    WHERE f.state = 'pending' AND f.queue = q.name AND f.priority > coalesce(q.hp, 2147483647)
-                      AND f.run_after <= now()
-                    ORDER BY f.priority DESC, f.id
-                    LIMIT least(pick.n, q.room)
-                    FOR UPDATE SKIP LOCKED) above
-                UNION ALL
-                SELECT * FROM (
-                    SELECT f.id, f.priority FROM files.files f
-                    -- A range, not "priority = ...": an equality makes the order
-                    -- by id alone, which a generic plan may take from the
-                    -- primary key, from the hint to the end of the table.
-                    WHERE f.state = 'pending' AND f.queue = q.name
-                      AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
-                      AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
-                    ORDER BY f.priority DESC, f.id
-                    LIMIT least(pick.n, q.room)
-                    FOR UPDATE SKIP LOCKED) here
-                UNION ALL
-                SELECT * FROM (
-                    SELECT f.id, f.priority FROM files.files f
-                    WHERE f.state = 'pending' AND f.queue = q.name AND f.priority < coalesce(q.hp, 2147483647)
-                      AND f.run_after <= now()
-                    ORDER BY f.priority DESC, f.id
-                    LIMIT least(pick.n, q.room)
-                    FOR UPDATE SKIP LOCKED) below
-                UNION ALL
-                -- Behind the hint: read only when the parts before it
-                -- came back short (the Append stops once the limit is
-                -- reached), so a short answer still means that nothing
-                -- else is claimable. Empty without a hint.
-                SELECT * FROM (
-                    SELECT f.id, f.priority FROM files.files f
-                    WHERE f.state = 'pending' AND f.queue = q.name
-                      AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
-                      AND f.id < coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
-                    ORDER BY f.priority DESC, f.id
-                    LIMIT least(pick.n, q.room)
-                    FOR UPDATE SKIP LOCKED) behind
-            ) a
-            LIMIT least(pick.n, q.room)
-        ) l
-    ), best AS (
-        -- With prefer, a queue's rows all come before the next queue's.
-        SELECT p.name, p.ord, p.id, p.priority FROM picked p
-        ORDER BY CASE WHEN pick.prefer THEN p.ord END, p.priority DESC, p.id
-        LIMIT pick.n
-    )
-    SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
-           array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
-           array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
-    INTO v_rows, v_names, v_prios
-    FROM best b;
+    IF v_hints IS NULL THEN
+        -- No hints: per queue, in claim order, one range of files_claim_idx
+        -- from its start.
+        SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+               array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+               array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
+        INTO v_rows, v_names, v_prios
+        FROM (
+            SELECT q.name, q.ord, l.id, l.priority
+            FROM unnest(pick.queues, pick.rooms) WITH ORDINALITY AS q(name, room, ord)
+            CROSS JOIN LATERAL (
+                SELECT f.id, f.priority FROM files.files f
+                WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                ORDER BY f.priority DESC, f.id
+                LIMIT least(pick.n, q.room)
+                FOR UPDATE SKIP LOCKED) l
+            ORDER BY CASE WHEN pick.prefer THEN q.ord END, l.priority DESC, l.id
+            LIMIT pick.n
+        ) b;
+    ELSE
+        -- Per queue, in claim order: rows of a higher priority than the hint,
+        -- rows of its priority from its id on, rows of a lower priority, and
+        -- last the rows of its priority behind the hint. With no hint (a full
+        -- search), the whole range. Each part is an index range scan of
+        -- files_claim_idx, so a hinted search starts past the entries of the
+        -- rows this session claimed before. The part behind the hint is read
+        -- only when the others came back short, in the same statement: a
+        -- short answer still means that nothing else is claimable (a worker
+        -- then waits for a notification).
+        WITH picked AS (
+            SELECT q.name, q.ord, l.id, l.priority
+            FROM unnest(pick.queues, v_hp, v_hid, pick.rooms) WITH ORDINALITY AS q(name, hp, hid, room, ord)
+            CROSS JOIN LATERAL (
+                SELECT a.id, a.priority FROM (
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority > coalesce(q.hp, 2147483647)
+                          AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT least(pick.n, q.room)
+                        FOR UPDATE SKIP LOCKED) above
+                    UNION ALL
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        -- A range, not "priority = ...": an equality makes the order
+                        -- by id alone, which a generic plan may take from the
+                        -- primary key, from the hint to the end of the table.
+                        WHERE f.state = 'pending' AND f.queue = q.name
+                          AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
+                          AND f.id >= coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT least(pick.n, q.room)
+                        FOR UPDATE SKIP LOCKED) here
+                    UNION ALL
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        WHERE f.state = 'pending' AND f.queue = q.name AND f.priority < coalesce(q.hp, 2147483647)
+                          AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT least(pick.n, q.room)
+                        FOR UPDATE SKIP LOCKED) below
+                    UNION ALL
+                    -- Behind the hint: read only when the parts before it
+                    -- came back short (the Append stops once the limit is
+                    -- reached), so a short answer still means that nothing
+                    -- else is claimable. Empty without a hint.
+                    SELECT * FROM (
+                        SELECT f.id, f.priority FROM files.files f
+                        WHERE f.state = 'pending' AND f.queue = q.name
+                          AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
+                          AND f.id < coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT least(pick.n, q.room)
+                        FOR UPDATE SKIP LOCKED) behind
+                ) a
+                LIMIT least(pick.n, q.room)
+            ) l
+        ), best AS (
+            -- With prefer, a queue's rows all come before the next queue's.
+            SELECT p.name, p.ord, p.id, p.priority FROM picked p
+            ORDER BY CASE WHEN pick.prefer THEN p.ord END, p.priority DESC, p.id
+            LIMIT pick.n
+        )
+        SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+               array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+               array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
+        INTO v_rows, v_names, v_prios
+        FROM best b;
+    END IF;
+
+    -- After a whole-range search, whether it was slow: longer than
+    -- pgworker.claim_hint_ms (a number of milliseconds; anything else is the
+    -- default, 1), and as much again for every 100 rows asked for.
+    IF v_full THEN
+        v_ms := current_setting('pgworker.claim_hint_ms', true);
+        v_slow := CASE WHEN v_ms ~ '^[0-9]{1,9}(\.[0-9]{1,9})?$' THEN v_ms::double precision ELSE 1 END
+                  * (1 + pick.n / 100.0) / 1000;
+        IF extract(epoch FROM clock_timestamp()) - v_now <= v_slow THEN
+            -- Fast: no hints (or no more).
+            IF v_setting <> '' THEN
+                v_set := set_config('pgworker.claim_hints', '', false);
+            END IF;
+            RETURN v_rows;
+        END IF;
+        v_hints := coalesce(v_hints, '{}');
+    END IF;
 
     -- A queue's hint moves on only, past the last row taken of it (a full
     -- search may take a row from before it). A queue's rows come in claim
@@ -709,11 +750,13 @@ $$;
 COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'Locks (FOR UPDATE SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows of queues, at most '
     'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
-    'and files.claim_batch for queues without fair share. It starts each queue''s search past the last row this session took '
-    '(setting pgworker.claim_hints), and searches whole ranges at a session''s first claim, at least once a second and '
-    'every 64th claim, and reads the rows behind a hint whenever those past it fall short of n, so a row that becomes '
-    'claimable behind a hint (a retry, release, reap or rolled-back claim) waits at most that long while others are '
-    'claimable, and a short answer means nothing else is claimable.';
+    'and files.claim_batch for queues without fair share. It searches each queue''s whole range of files_claim_idx until '
+    'such a search takes longer than pgworker.claim_hint_ms (default 1 ms, and as much again per 100 rows of n); from then '
+    'on it starts each queue''s search past the last row this session took (setting pgworker.claim_hints), searches '
+    'whole ranges at least once a second and every 64th claim, dropping the hints when one is fast, and reads the rows '
+    'behind a hint whenever those past it fall short of n. So a row that becomes claimable behind a hint (a retry, '
+    'release, reap or rolled-back claim) waits at most that long while others are claimable, and a short answer means '
+    'nothing else is claimable.';
 
 -- Fleet-wide caps (files.queues.max_running) and fair share between batches
 -- (files.queues.fair_share), for the claims. A claim pays for them only when
@@ -923,7 +966,10 @@ BEGIN
         RAISE EXCEPTION 'files.claim: max must be between 1 and 10000 (got %)', coalesce(claim.max::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM files.check_queues('files.claim', claim.queues);
+    -- The test inline, the call (a statement of its own) only to raise.
+    IF array_position(claim.queues, NULL) IS NOT NULL OR '' = ANY (claim.queues) THEN
+        PERFORM files.check_queues('files.claim', claim.queues);
+    END IF;
 
     -- The slot, and in the same statement the queues to take from, in name
     -- order, or in the caller's order when it prefers; a queue's fair share
@@ -1061,7 +1107,10 @@ BEGIN
         RAISE EXCEPTION 'files.claim_batch: at most 10000 worker_ids (got %)', cardinality(claim_batch.worker_ids)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM files.check_queues('files.claim_batch', claim_batch.queues);
+    -- As in files.claim.
+    IF array_position(claim_batch.queues, NULL) IS NOT NULL OR '' = ANY (claim_batch.queues) THEN
+        PERFORM files.check_queues('files.claim_batch', claim_batch.queues);
+    END IF;
 
     -- The active slots, each once, in the order given; draining ones take
     -- nothing. An unknown slot is registered, a claim proves a stopped or
