@@ -619,13 +619,8 @@ BEGIN
         END;
     END IF;
     IF v_full THEN
-        v_hp := NULL;
-        v_hid := NULL;
-    END IF;
-
-    IF v_hints IS NULL THEN
-        -- No hints: per queue, in claim order, one range of files_claim_idx
-        -- from its start.
+        -- A whole-range search: per queue, in claim order, one range of
+        -- files_claim_idx from its start.
         SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
                array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
                array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
@@ -645,8 +640,8 @@ BEGIN
     ELSE
         -- Per queue, in claim order: rows of a higher priority than the hint,
         -- rows of its priority from its id on, rows of a lower priority, and
-        -- last the rows of its priority behind the hint. With no hint (a full
-        -- search), the whole range. Each part is an index range scan of
+        -- last the rows of its priority behind the hint. For a queue with no
+        -- hint yet, its whole range. Each part is an index range scan of
         -- files_claim_idx, so a hinted search starts past the entries of the
         -- rows this session claimed before. The part behind the hint is read
         -- only when the others came back short, in the same statement: a
