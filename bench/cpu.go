@@ -45,15 +45,20 @@ type CPUConfig struct {
 	Slots int
 	// MaxConns of the worker's pool. Defaults to 8.
 	MaxConns int
+	// ClaimCooldown of the worker (worker.Config.ClaimCooldown). Defaults
+	// to 0: each notification is answered at once.
+	ClaimCooldown time.Duration
 }
 
 // CPUResult is what CPU measured, between the start of the inserts (or of
 // the burn-down) and the last outcome.
 type CPUResult struct {
 	Setup
-	Rate       float64 `json:"rate"` // 0: peak
-	Rows       int     `json:"rows"`
-	Slots      int     `json:"slots"`
+	Rate  float64 `json:"rate"` // 0: peak
+	Rows  int     `json:"rows"`
+	Slots int     `json:"slots"`
+	// CooldownMS is the worker's claim cooldown; 0 (left out) for none.
+	CooldownMS float64 `json:"claim_cooldown_ms,omitempty"`
 	ElapsedMS  float64 `json:"elapsed_ms"`
 	RowsPerSec float64 `json:"rows_per_sec"`
 	// ServerCPUMSPerRow is the CPU time of every process of the server
@@ -97,7 +102,7 @@ func (b *Bench) CPU(ctx context.Context, cfg *CPUConfig) (*CPUResult, error) {
 	if c.Rate > 0 {
 		c.Rows = max(int(c.Rate*c.Duration.Seconds()), 1)
 	}
-	res := &CPUResult{Rate: c.Rate, Rows: c.Rows, Slots: c.Slots}
+	res := &CPUResult{Rate: c.Rate, Rows: c.Rows, Slots: c.Slots, CooldownMS: ms(c.ClaimCooldown)}
 	err := b.run(ctx, "cpu", func(ctx context.Context) error {
 		res.Setup = b.setup("cpu")
 		server, err := b.findServerCPU(ctx)
@@ -120,7 +125,9 @@ func (b *Bench) CPU(ctx context.Context, cfg *CPUConfig) (*CPUResult, error) {
 		defer pool.Close()
 		noop := worker.HandlerFunc(func(context.Context, *worker.Job) (*worker.Result, error) { return nil, nil })
 		outcomes := &outcomeCount{}
-		w, err := b.startWorker(ctx, pool, "cpu", worker.Config{Handler: noop, Slots: c.Slots, Observer: outcomes})
+		w, err := b.startWorker(ctx, pool, "cpu", worker.Config{
+			Handler: noop, Slots: c.Slots, Observer: outcomes, ClaimCooldown: c.ClaimCooldown,
+		})
 		if err != nil {
 			return err
 		}

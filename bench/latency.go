@@ -29,6 +29,9 @@ type LatencyConfig struct {
 	// PickupTimeout bounds the wait for the last row after the last insert.
 	// Defaults to 30s.
 	PickupTimeout time.Duration
+	// ClaimCooldown of the worker (worker.Config.ClaimCooldown). Defaults
+	// to 0: each notification is answered at once.
+	ClaimCooldown time.Duration
 }
 
 // LatencyResult is what Latency measured. The embedded Percentiles run from
@@ -40,6 +43,8 @@ type LatencyResult struct {
 	Rows  int     `json:"rows"`
 	Rate  float64 `json:"rate"`
 	Slots int     `json:"slots"`
+	// CooldownMS is the worker's claim cooldown; 0 (left out) for none.
+	CooldownMS float64 `json:"claim_cooldown_ms,omitempty"`
 	Percentiles
 	FromSend Percentiles `json:"from_send"`
 	// Steps break the pickup down, traced by the benchmark alone (a
@@ -58,7 +63,7 @@ type LatencyResult struct {
 // handler's start.
 func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult, error) {
 	c := latencyDefaults(cfg)
-	res := &LatencyResult{Rows: c.Rows, Rate: c.Rate, Slots: c.Slots}
+	res := &LatencyResult{Rows: c.Rows, Rate: c.Rate, Slots: c.Slots, CooldownMS: ms(c.ClaimCooldown)}
 	err := b.run(ctx, "latency", func(ctx context.Context) error {
 		res.Setup = b.setup("latency")
 		starts := newPickups()
@@ -81,7 +86,9 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		defer sub.Close()
 		listening.Go(func() { tr.notifications(lctx, sub.Doorbell()) })
 		listening.Go(func() { _ = l.Listen(lctx) })
-		w, err := b.startWorker(ctx, pool, "latency", worker.Config{Handler: starts, Slots: c.Slots, Listener: l})
+		w, err := b.startWorker(ctx, pool, "latency", worker.Config{
+			Handler: starts, Slots: c.Slots, Listener: l, ClaimCooldown: c.ClaimCooldown,
+		})
 		if err != nil {
 			return err
 		}

@@ -78,15 +78,19 @@ for round in 1 2 3; do
 	[ -z "$peers" ] || river throughput --rows 50000 --slots 2000 --json
 	pgworker bench skiplocked --rows 50000 --clients 8 --batch 100 --json
 done
-# Pickup and database CPU per row, alternating with River's in three rounds.
+# Pickup and database CPU per row, alternating with River's in three rounds;
+# pgworker also at River's trade, its claims held back for as long as River's
+# default fetch cooldown (100 ms).
 for round in 1 2 3; do
 	pgworker bench latency --rows 500 --rate 50 --slots 100 --json
+	pgworker bench latency --rows 500 --rate 50 --slots 100 --claim-cooldown 100ms --json
 	if [ -n "$peers" ]; then
 		river latency --rows 500 --rate 50 --slots 100 --json
 		river latency --rows 500 --rate 50 --slots 100 --tuned --json
 	fi
 	for rate in 200 1000; do
 		pgworker bench cpu --rate "$rate" --duration 10s --slots 100 --json
+		pgworker bench cpu --rate "$rate" --duration 10s --slots 100 --claim-cooldown 100ms --json
 		if [ -n "$peers" ]; then
 			river cpu --rate "$rate" --duration 10s --slots 100 --json
 			river cpu --rate "$rate" --duration 10s --slots 100 --tuned --json

@@ -125,6 +125,17 @@ type Config struct {
 	// shorter. Defaults to 30s.
 	SafetyNet time.Duration
 
+	// Cooldown is the least time from the start of one claim to the start
+	// of the next one that a doorbell, a freed slot or a wake-up time
+	// prompts: a doorbell that rings sooner is answered when the cooldown
+	// ends, by one claim for every row announced meanwhile. A row that comes
+	// after a quiet spell longer than Cooldown is claimed at once; a claim
+	// that filled every slot it named is followed at once whatever the
+	// cooldown, so a backlog is not slowed. It trades pickup latency (up to
+	// Cooldown) for fewer claims: at most one per Cooldown per process
+	// while rows trickle in. Defaults to 0: every doorbell is answered at once.
+	Cooldown time.Duration
+
 	// BackoffMin is the first delay after a failed claim; it doubles up to
 	// BackoffMax, with jitter. Defaults to 100ms.
 	BackoffMin time.Duration
@@ -145,6 +156,7 @@ type Stats struct {
 	Serialization uint64 // of those, the 40001 and 40P01 errors
 	Errors        uint64 // claims that failed otherwise (connection errors...)
 	SafetyWakes   uint64 // wake-ups by the safety net or a WakeAt time
+	Deferred      uint64 // claims held back until the cooldown ended
 	IdleSlots     int    // slots waiting for a row
 	LastClaimErr  string // the last error, empty once a claim succeeds again
 }
@@ -157,6 +169,7 @@ type Claimer struct {
 	key        *string
 	doorbell   <-chan struct{}
 	safetyNet  time.Duration
+	cooldown   time.Duration
 	backoffMin time.Duration
 	backoffMax time.Duration
 	logger     *slog.Logger
@@ -176,6 +189,7 @@ type Claimer struct {
 	serial      atomic.Uint64
 	errs        atomic.Uint64
 	safetyWakes atomic.Uint64
+	deferred    atomic.Uint64
 }
 
 // New returns a Claimer that claims through pool.
@@ -190,6 +204,7 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 		idle:        slices.Clone(cfg.Idle),
 		doorbell:    cfg.Doorbell,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
+		cooldown:    max(cfg.Cooldown, 0),
 		backoffMin:  retry.OrDefault(cfg.BackoffMin, 100*time.Millisecond),
 		backoffMax:  retry.OrDefault(cfg.BackoffMax, 5*time.Second),
 		logger:      cfg.Logger,
@@ -315,6 +330,7 @@ func (c *Claimer) Stats() Stats {
 		Serialization: c.serial.Load(),
 		Errors:        c.errs.Load(),
 		SafetyWakes:   c.safetyWakes.Load(),
+		Deferred:      c.deferred.Load(),
 		IdleSlots:     idle,
 		LastClaimErr:  lastErr,
 	}
@@ -335,7 +351,8 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 	timer := time.NewTimer(c.untilSafety())
 	defer timer.Stop()
 	races, failures := 0, 0
-	var downSince time.Time
+	var downSince, lastStart time.Time
+	followUp := true // the claim at start is not held back
 
 	for {
 		for !pending || c.idleCount() == 0 {
@@ -356,9 +373,17 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if wait := c.cooldown - time.Since(lastStart); wait > 0 && !followUp {
+			// The doorbells that ring meanwhile are answered by this claim.
+			c.deferred.Add(1)
+			if !retry.Sleep(ctx, wait) {
+				return nil
+			}
+		}
 
 		ids := c.takeIdle(ask)
 		started := time.Now()
+		lastStart = started
 		c.inFlight.Add(1)
 		// Not cancelled with ctx: a claim committed on the server must reach its slots.
 		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -385,11 +410,13 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 			// again at once for the other idle slots, or as soon as a slot
 			// frees up, without waiting for a notification.
 			pending = len(rows) == len(ids)
+			followUp = pending
 		case RaceLost(err):
 			// Someone else took rows we saw. Rows may remain that nobody
 			// will announce again: look a couple more times, spread out.
 			races++
 			pending = races < 3
+			followUp = false
 			if pending && !retry.Sleep(ctx, time.Duration(races)*(5*time.Millisecond+rand.N(20*time.Millisecond))) {
 				return nil
 			}
@@ -402,7 +429,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 			} else {
 				c.logger.Debug("claim: still cannot claim", "attempts", failures, "error", err)
 			}
-			pending = true
+			pending, followUp = true, false
 			if !retry.Sleep(ctx, retry.Backoff(c.backoffMin, c.backoffMax, failures)) {
 				return nil
 			}

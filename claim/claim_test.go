@@ -86,6 +86,15 @@ func TestRaceLost(t *testing.T) {
 	}
 }
 
+// idleSlots returns the worker ids of n slots of one process.
+func idleSlots(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("n:1:%d", i)
+	}
+	return ids
+}
+
 // collector gathers delivered rows.
 type collector struct {
 	mu   sync.Mutex
@@ -172,10 +181,7 @@ func TestRunBacklogFillsEveryIdleSlot(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	insert(t, pool, 50, "default")
-	idle := make([]string, 10)
-	for i := range idle {
-		idle[i] = fmt.Sprintf("n:1:%d", i)
-	}
+	idle := idleSlots(10)
 	c := claim.New(pool, &claim.Config{Idle: idle, SafetyNet: time.Hour})
 	col := newCollector()
 	run(t, c, col.deliver)
@@ -198,10 +204,7 @@ func TestRunOneClaimPerLoneRow(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	bell := make(chan struct{}, 1)
-	idle := make([]string, 10)
-	for i := range idle {
-		idle[i] = fmt.Sprintf("n:1:%d", i)
-	}
+	idle := idleSlots(10)
 	c := claim.New(pool, &claim.Config{Idle: idle, Doorbell: bell, SafetyNet: time.Hour})
 	col := newCollector()
 	run(t, c, col.deliver)

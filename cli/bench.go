@@ -328,6 +328,7 @@ type benchFlags struct {
 	maxRunning                                                        int
 	depths, execCmd, inputStore, outputStore, poolURL                 string
 	interval, duration, phase, sampleEvery, pruneEvery, keep          time.Duration
+	claimCooldown                                                     time.Duration
 	depthList                                                         []int // parsed from depths
 }
 
@@ -347,6 +348,7 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.rows, "rows", 500, "`N` rows to insert and time")
 		fs.Float64Var(&f.rate, "rate", 50, "rows inserted per second")
 		fs.IntVar(&f.slots, "slots", 100, "`N` idle slots of the worker")
+		fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "the worker's --claim-cooldown (0: claim at once)")
 	case "claim-depth":
 		fs.StringVar(&f.depths, "depths", "10000,1000000,10000000", "table sizes to measure at: comma-separated `N`s (10k, 1M allowed)")
 		fs.IntVar(&f.claims, "claims", 200, "`N` timed claims of each function per depth")
@@ -360,6 +362,7 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.rows, "rows", 20000, "`N` rows burnt down at peak (--rate 0)")
 		fs.IntVar(&f.slots, "slots", 100, "`N` slots of the worker")
 		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+		fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "the worker's --claim-cooldown (0: claim at once)")
 	case "herd":
 		fs.IntVar(&f.processes, "processes", 20, "`N` worker runtimes, each with its own connections")
 		fs.IntVar(&f.slots, "slots", 50, "`N` idle slots per runtime")
@@ -433,6 +436,9 @@ func (f *benchFlags) check(fs *flagSet) error {
 	if f.timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
+	if f.claimCooldown < 0 || f.claimCooldown > time.Minute {
+		return usagef("--claim-cooldown must be between 0 (claim at once) and 1m")
+	}
 	switch f.mode {
 	case "latency":
 		if f.rate <= 0 || f.rate > 100_000 {
@@ -499,13 +505,15 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 		return b.Throughput(ctx, &bench.ThroughputConfig{Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns,
 			MaxRunning: f.maxRunning, FairShare: f.fairShare, Batches: f.batches})
 	case "latency":
-		return b.Latency(ctx, &bench.LatencyConfig{Rows: f.rows, Rate: f.rate, Slots: f.slots})
+		return b.Latency(ctx, &bench.LatencyConfig{Rows: f.rows, Rate: f.rate, Slots: f.slots, ClaimCooldown: f.claimCooldown})
 	case "claim-depth":
 		return b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: f.depthList, Claims: f.claims})
 	case "skiplocked":
 		return b.SkipLocked(ctx, &bench.SkipLockedConfig{Rows: f.rows, Clients: f.clients, Batch: f.batchSize})
 	case "cpu":
-		return b.CPU(ctx, &bench.CPUConfig{Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns})
+		return b.CPU(ctx, &bench.CPUConfig{
+			Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns, ClaimCooldown: f.claimCooldown,
+		})
 	case "herd":
 		cfg := &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval, Idle: f.duration}
 		if f.poolURL != "" {

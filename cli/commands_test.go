@@ -517,11 +517,13 @@ func TestRunFlags(t *testing.T) {
 		{[]string{"--exec", "/bin/true", "--output-store", "s3:///nobucket"}, nil, 2, "bucket is missing"},
 		{[]string{"--exec", "/bin/true", "--timeout", "soon"}, nil, 2, "invalid value \"soon\" for flag -timeout"},
 		{[]string{"--exec", "/bin/true", "extra"}, nil, 2, "the command goes in --exec"},
+		{[]string{"--exec", "/bin/true", "--claim-cooldown", "-1s"}, nil, 2, "--claim-cooldown must be between 0"},
+		{[]string{}, []string{"PGWORKER_EXEC=/bin/true", "PGWORKER_CLAIM_COOLDOWN=2m"}, 2, "--claim-cooldown must be between 0"},
 		{[]string{}, []string{"PGWORKER_EXEC=/bin/true", "PGWORKER_SLOTS=abc"}, 2, "--slots \"abc\""},
 		{[]string{}, []string{"PGWORKER_EXEC=/bin/true", "PGWORKER_HEARTBEAT=often"}, 2, "PGWORKER_HEARTBEAT=\"often\""},
 		{[]string{}, []string{"PGWORKER_EXEC=prog {x}"}, 2, "unknown placeholder {x}"},
 		// Everything right: the database is next.
-		{[]string{"--exec", "/bin/true {input}", "--slots", "2-8", "--queue", "a", "--queue", "b"}, nil, 1, "cannot reach the database"},
+		{[]string{"--exec", "/bin/true {input}", "--slots", "2-8", "--queue", "a", "--queue", "b", "--claim-cooldown", "100ms"}, nil, 1, "cannot reach the database"},
 	} {
 		env := append([]string{"PGWORKER_DATABASE_URL=" + url, "PGWORKER_WORK_DIR=" + t.TempDir()}, tt.env...)
 		res := pgworkerbin.Run(t, bin, nil, pgworkerbin.Env(env...), append([]string{"run"}, tt.args...)...)

@@ -98,12 +98,13 @@ func TestRunConfig(t *testing.T) {
 		},
 		LookupEnv: func(name string) (string, bool) {
 			v, ok := map[string]string{
-				"PGWORKER_DATABASE_URL":  url,
-				"PGWORKER_EXEC":          "/bin/echo {input} '{output_dir}/x y'",
-				"PGWORKER_QUEUES":        "a, b,c",
-				"PGWORKER_DRAIN_TIMEOUT": "2m",
-				"PGWORKER_SLOTS":         "99", // the flag wins
-				"PGWORKER_PASS_ENV":      "AWS_ACCESS_KEY_ID",
+				"PGWORKER_DATABASE_URL":   url,
+				"PGWORKER_EXEC":           "/bin/echo {input} '{output_dir}/x y'",
+				"PGWORKER_QUEUES":         "a, b,c",
+				"PGWORKER_DRAIN_TIMEOUT":  "2m",
+				"PGWORKER_CLAIM_COOLDOWN": "250ms",
+				"PGWORKER_SLOTS":          "99", // the flag wins
+				"PGWORKER_PASS_ENV":       "AWS_ACCESS_KEY_ID",
 			}[name]
 			return v, ok
 		},
@@ -117,7 +118,7 @@ func TestRunConfig(t *testing.T) {
 	}
 	if got.SlotsMin != 2 || got.SlotsMax != 8 || !reflect.DeepEqual([]string(got.Queues), []string{"a", "b", "c"}) ||
 		got.Timeout != 10*time.Minute || got.Heartbeat != 2*time.Second || got.LeaseTimeout != 7*time.Second ||
-		got.DrainTimeout != 2*time.Minute || got.KillGrace != 10*time.Second || got.WorkDir != workDir ||
+		got.DrainTimeout != 2*time.Minute || got.ClaimCooldown != 250*time.Millisecond || got.KillGrace != 10*time.Second || got.WorkDir != workDir ||
 		got.MetricsAddr != "127.0.0.1:9090" || got.InputStore != "s3://in/p" || got.OutputStore != "file:///srv/out" ||
 		got.DatabaseURL != url || got.ListenURL != "" || got.HardStop == nil || got.Logger == nil {
 		t.Errorf("RunConfig: %+v", got)

@@ -95,11 +95,14 @@ type RunConfig struct {
 	// into (--then); "" for none.
 	Then string
 
-	Timeout      time.Duration // per row; 0 means none
-	Heartbeat    time.Duration
-	LeaseTimeout time.Duration // > Heartbeat
-	DrainTimeout time.Duration // after the first signal
-	KillGrace    time.Duration // SIGTERM to SIGKILL
+	Timeout time.Duration // per row; 0 means none
+	// ClaimCooldown is the least time between two claims that
+	// notifications prompt (--claim-cooldown); 0 answers each at once.
+	ClaimCooldown time.Duration
+	Heartbeat     time.Duration
+	LeaseTimeout  time.Duration // > Heartbeat
+	DrainTimeout  time.Duration // after the first signal
+	KillGrace     time.Duration // SIGTERM to SIGKILL
 	// PruneInterval is how often the worker runs files.prune; negative for
 	// never.
 	PruneInterval time.Duration
@@ -165,7 +168,7 @@ type runFlags struct {
 	prefer                                                    bool
 	rowLogLines, rowLogBytes                                  int
 	timeout, heartbeat, leaseTimeout, drainTimeout, killGrace time.Duration
-	pruneInterval                                             time.Duration
+	pruneInterval, claimCooldown                              time.Duration
 	maxOutputFiles                                            int
 	maxOutputBytes                                            sizeFlag
 }
@@ -185,6 +188,9 @@ func (f *runFlags) add(fs *flagSet) {
 	fs.env("heartbeat", "PGWORKER_HEARTBEAT")
 	fs.DurationVar(&f.leaseTimeout, "lease-timeout", worker.DefaultLeaseTimeout, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
 	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
+	fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "least time between two claims of this process that notifications prompt: rows announced sooner are claimed together when it ends. "+
+		"Fewer claims for the database when rows trickle in to many nodes, for up to this much longer pickup (e.g. 100ms; default 0: at once)")
+	fs.env("claim-cooldown", "PGWORKER_CLAIM_COOLDOWN")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "after SIGTERM, how long running rows may take to finish before they are stopped and handed back")
 	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
 	fs.DurationVar(&f.killGrace, "kill-grace", 10*time.Second, "time between SIGTERM and SIGKILL when a program is stopped")
@@ -246,7 +252,7 @@ func (f *runFlags) check(fs *flagSet) (*RunConfig, error) {
 		}
 	}
 	cfg := &RunConfig{
-		Exec: f.exec, Queues: f.queues, PreferQueues: f.prefer, Then: f.then, Timeout: f.timeout, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
+		Exec: f.exec, Queues: f.queues, PreferQueues: f.prefer, Then: f.then, Timeout: f.timeout, ClaimCooldown: f.claimCooldown, Heartbeat: f.heartbeat, LeaseTimeout: f.leaseTimeout,
 		DrainTimeout: f.drainTimeout, KillGrace: f.killGrace, PruneInterval: pruneEvery(f.pruneInterval),
 		MetricsAddr: f.metricsAddr, WorkDir: f.workDir,
 		MaxOutputFiles: noBound(f.maxOutputFiles), MaxOutputBytes: noBound(int64(f.maxOutputBytes)),
@@ -327,7 +333,7 @@ func (c *CLI) startRun(ctx context.Context, inv *invocation, cfg *RunConfig) err
 	}
 	cfg.Logger.Info("pgworker run starting", "version", cfg.Version, "database", RedactURL(cfg.DatabaseURL),
 		"exec", cfg.Exec, "program", cfg.Backend.Program(), "slots", slots, "queues", []string(cfg.Queues), "prefer", cfg.PreferQueues,
-		"heartbeat", cfg.Heartbeat, "lease_timeout", cfg.LeaseTimeout, "timeout", cfg.Timeout)
+		"heartbeat", cfg.Heartbeat, "lease_timeout", cfg.LeaseTimeout, "timeout", cfg.Timeout, "claim_cooldown", cfg.ClaimCooldown)
 	return c.cfg.RunWorkers(ctx, cfg)
 }
 
@@ -356,6 +362,8 @@ func (cfg *RunConfig) check(slots string) error {
 	switch {
 	case cfg.Timeout < 0:
 		return usagef("--timeout must not be negative (0 means no limit)")
+	case cfg.ClaimCooldown < 0 || cfg.ClaimCooldown > time.Minute:
+		return usagef("--claim-cooldown must be between 0 (claim at once) and 1m, e.g. 100ms")
 	case cfg.Heartbeat <= 0:
 		return usagef("--heartbeat must be positive")
 	case cfg.LeaseTimeout <= cfg.Heartbeat:

@@ -56,6 +56,7 @@ func runWorkers(ctx context.Context, cfg *RunConfig) error {
 		MaxSlots:          cfg.SlotsMax,
 		HeartbeatInterval: cfg.Heartbeat,
 		LeaseTimeout:      cfg.LeaseTimeout,
+		ClaimCooldown:     cfg.ClaimCooldown,
 		PruneInterval:     cfg.PruneInterval,
 		ListenURL:         cfg.ListenURL,
 		Version:           cfg.Version,

@@ -189,6 +189,7 @@ func (m *Metrics) stats() (s worker.Stats, listening bool) {
 		s.Slots += x.Slots
 		s.ClaimErrors += x.ClaimErrors
 		s.SafetyWakes += x.SafetyWakes
+		s.ClaimsDeferred += x.ClaimsDeferred
 		s.LeaseLosses += x.LeaseLosses
 		s.Orphans += x.Orphans
 		s.Heartbeats += x.Heartbeats
@@ -219,6 +220,7 @@ var (
 	descSerialization    = desc("claim_serialization_failures_total", "Of the lost races, claims that failed with SQLSTATE 40001 or 40P01.")
 	descClaimErrors      = desc("claim_errors_total", "Claims that failed otherwise (the database unreachable, ...).")
 	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (safety net).")
+	descClaimsDeferred   = desc("claims_deferred_total", "Claims held back until --claim-cooldown ended, so that one claim took the rows announced meanwhile.")
 	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process; their handlers were cancelled.")
 	descOrphans          = desc("orphans_released_total", "Rows held in the database but unknown to this process, released.")
 	descHeartbeats       = desc("heartbeats_total", "Heartbeat statements that succeeded.")
@@ -233,7 +235,7 @@ var (
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSlots, descSlotsBusy, descSlotsIdle, descClaims, descRacesLost, descSerialization,
-		descClaimErrors, descSafetyWakes, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
+		descClaimErrors, descSafetyWakes, descClaimsDeferred, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
 		descListenerUp, descListenReconnects, descPoolConns, descPoolMax} {
 		ch <- d
 	}
@@ -255,6 +257,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSerialization, s.SerializationFailures)
 	counter(descClaimErrors, s.ClaimErrors)
 	counter(descSafetyWakes, s.SafetyWakes)
+	counter(descClaimsDeferred, s.ClaimsDeferred)
 	counter(descLeaseLosses, s.LeaseLosses)
 	counter(descOrphans, s.Orphans)
 	counter(descHeartbeats, s.Heartbeats)

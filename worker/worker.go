@@ -147,6 +147,13 @@ type Config struct {
 	// before it looks for work anyway. Defaults to 30s.
 	SafetyNet time.Duration
 
+	// ClaimCooldown is the least time between two claims of the process
+	// that notifications prompt (claim.Config.Cooldown): rows announced
+	// sooner wait for it and are claimed together. It trades pickup latency
+	// for fewer claims, which matters to a shared database when rows trickle
+	// in to many processes. Defaults to 0: a notification is answered at once.
+	ClaimCooldown time.Duration
+
 	// Listener is a listener shared with other users in the process; the
 	// caller runs its Listen. Defaults to a listener of the worker's own, on
 	// ListenURL.
@@ -206,6 +213,7 @@ type Stats struct {
 	Slots                 int    // slots now (varies with MaxSlots)
 	ClaimErrors           uint64 // claims that failed otherwise
 	SafetyWakes           uint64 // wake-ups by the safety net
+	ClaimsDeferred        uint64 // claims held back until ClaimCooldown ended
 	Done                  uint64 // rows completed
 	Failed                uint64 // attempts recorded as failed (retried or not)
 	Released              uint64 // rows handed back without spending an attempt
@@ -243,6 +251,7 @@ type Worker struct {
 	pruneEvery  time.Duration
 	pruneRows   int
 	safetyNet   time.Duration
+	cooldown    time.Duration
 	listenURL   string
 	node        string
 	version     string
@@ -338,6 +347,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		pruneEvery:  cfg.PruneInterval,
 		pruneRows:   cfg.PruneRows,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
+		cooldown:    max(cfg.ClaimCooldown, 0),
 		listener:    cfg.Listener,
 		listenURL:   cfg.ListenURL,
 		node:        cfg.Node,
@@ -472,6 +482,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		Key:       w.key,
 		Doorbell:  w.sub.Doorbell(),
 		SafetyNet: w.safetyNet,
+		Cooldown:  w.cooldown,
 		Logger:    w.logger,
 	})
 	w.mu.Lock() // Stats may read it meanwhile
@@ -665,7 +676,7 @@ func (w *Worker) Stats() Stats {
 	if claimer != nil {
 		cs := claimer.Stats()
 		s.Claims, s.Claimed, s.RacesLost, s.ClaimErrors, s.SafetyWakes = cs.Claims, cs.Rows, cs.RacesLost, cs.Errors, cs.SafetyWakes
-		s.SerializationFailures = cs.Serialization
+		s.SerializationFailures, s.ClaimsDeferred = cs.Serialization, cs.Deferred
 	}
 	if l != nil {
 		ls := l.Stats()

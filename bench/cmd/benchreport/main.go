@@ -209,33 +209,47 @@ func (rp *report) all(system, mode string) []result {
 	return out
 }
 
-// runs returns the results of system and mode at slotCount, in run order.
-// River's are those with its default fetch cooldown (100 ms), else, unless
-// tuned ones are asked for, any; tuned: those with a shorter cooldown.
-func (rp *report) runs(system, mode string, slotCount float64, tuned bool) []result {
-	var all, picked []result
+// kind tells apart the settings a system ran with: pgworker answers each
+// notification at once (plain) or holds claims back for a claim cooldown
+// (cooled); River runs with its default fetch cooldown of 100 ms (plain) or
+// a shorter one (tuned).
+type kind int
+
+const (
+	plain kind = iota
+	tuned
+	cooled
+)
+
+func kindOf(r result) kind {
+	switch {
+	case r.str("system") == "river":
+		if _, has := r["fetch_cooldown_ms"]; has && r.n("fetch_cooldown_ms") < 100 {
+			return tuned
+		}
+	case r.n("claim_cooldown_ms") > 0:
+		return cooled
+	}
+	return plain
+}
+
+// runs returns the results of system and mode at slotCount that ran with
+// settings k, in run order.
+func (rp *report) runs(system, mode string, slotCount float64, k kind) []result {
+	var out []result
 	for _, r := range rp.all(system, mode) {
-		if r.n("slots") == slotCount {
-			all = append(all, r)
-			if (r.n("fetch_cooldown_ms") < 100) == tuned {
-				picked = append(picked, r)
-			}
+		if r.n("slots") == slotCount && kindOf(r) == k {
+			out = append(out, r)
 		}
 	}
-	switch {
-	case system != "river":
-		return all
-	case len(picked) > 0 || tuned:
-		return picked
-	}
-	return all
+	return out
 }
 
 // throughputs returns the rows/s of system's burn-downs at slotCount (see
 // runs), in run order.
 func (rp *report) throughputs(system string, slotCount float64) []float64 {
 	var out []float64
-	for _, r := range rp.runs(system, "throughput", slotCount, false) {
+	for _, r := range rp.runs(system, "throughput", slotCount, plain) {
 		out = append(out, r.n("rows_per_sec"))
 	}
 	return out
@@ -412,10 +426,10 @@ func (rp *report) skipLockedGoal() goal {
 		verdict(pct >= 80, fmt.Sprintf("%.0f%%, %.0f points short", math.Floor(pct), 80-pct))}
 }
 
-// latencyP50s returns the pickup p50s of system's latency runs (River's
-// with the default fetch cooldown, or tuned), in run order.
-func (rp *report) latencyP50s(system string, slotCount float64, tuned bool) (p50, p99 []float64) {
-	for _, r := range rp.runs(system, "latency", slotCount, tuned) {
+// latencyP50s returns the pickup p50s and p99s of system's latency runs
+// with settings k, in run order.
+func (rp *report) latencyP50s(system string, slotCount float64, k kind) (p50, p99 []float64) {
+	for _, r := range rp.runs(system, "latency", slotCount, k) {
 		p50 = append(p50, r.n("p50_ms"))
 		p99 = append(p99, r.n("p99_ms"))
 	}
@@ -426,12 +440,12 @@ func (rp *report) latencyP50s(system string, slotCount float64, tuned bool) (p50
 // each a median of the runs.
 func (rp *report) latencyGoals() []goal {
 	const target = "≥ 20x lower than River"
-	pg := rp.find("pgworker", "latency", nil)
+	pg := rp.find("pgworker", "latency", func(r result) bool { return kindOf(r) == plain })
 	if pg == nil {
 		return []goal{notMeasured("pickup p50", "≤ 0.7 ms", "no pgworker latency run")}
 	}
 	slots := pg.n("slots")
-	p50s, p99s := rp.latencyP50s("pgworker", slots, false)
+	p50s, p99s := rp.latencyP50s("pgworker", slots, plain)
 	p50, p99 := median(p50s), median(p99s)
 	runs := ""
 	if len(p50s) > 1 {
@@ -441,21 +455,28 @@ func (rp *report) latencyGoals() []goal {
 		{"pickup p50", "≤ 0.7 ms", fmt.Sprintf("%.2f ms%s", p50, runs), verdict(p50 <= 0.7, fmt.Sprintf("%.2f ms over 0.7 ms", p50-0.7))},
 		{"pickup p99", "≤ 2 ms", fmt.Sprintf("%.2f ms", p99), verdict(p99 <= 2, fmt.Sprintf("%.2f ms over 2 ms", p99-2))},
 	}
-	if tuned, _ := rp.latencyP50s("river", slots, true); len(tuned) > 0 {
-		t := median(tuned)
+	if rt, _ := rp.latencyP50s("river", slots, tuned); len(rt) > 0 {
+		t := median(rt)
 		gs = append(gs, goal{"pickup p50 vs River tuned", "below River with a 1 ms fetch cooldown",
-			fmt.Sprintf("%.2f vs %.2f ms (medians of %d and %d runs)", p50, t, len(p50s), len(tuned)),
+			fmt.Sprintf("%.2f vs %.2f ms (medians of %d and %d runs)", p50, t, len(p50s), len(rt)),
 			verdict(p50 < t, fmt.Sprintf("%.2f ms above River's", p50-t))})
 	} else {
 		gs = append(gs, notMeasured("pickup p50 vs River tuned", "below River with a 1 ms fetch cooldown", "no tuned River latency run"))
 	}
-	rv, _ := rp.latencyP50s("river", slots, false)
+	rv, _ := rp.latencyP50s("river", slots, plain)
 	if len(rv) == 0 {
 		return append(gs, notMeasured("pickup p50 vs River", target, "no River latency run"))
 	}
 	ratio := median(rv) / p50
 	return append(gs, goal{"pickup p50 vs River", target, fmt.Sprintf("%.2f vs %.2f ms: %.0fx lower", p50, median(rv), ratio),
 		verdict(ratio >= 20, fmt.Sprintf("%.1fx, not 20x", ratio))})
+}
+
+// cooldownName names the claim cooldown of pgworker's cooled runs of mode
+// ("claim cooldown 100 ms").
+func (rp *report) cooldownName(mode string) string {
+	r := rp.find("pgworker", mode, func(r result) bool { return kindOf(r) == cooled })
+	return fmt.Sprintf("claim cooldown %g ms", r.n("claim_cooldown_ms"))
 }
 
 func msList(xs []float64) string {
@@ -488,13 +509,12 @@ func (rp *report) cpuRates() []float64 {
 	return rates
 }
 
-// cpuFigures returns key of system's CPU runs at rate, in run order:
-// River's with its default fetch cooldown, or, tuned, with a shorter one.
-func (rp *report) cpuFigures(system string, rate float64, key string, tuned bool) []float64 {
+// cpuFigures returns key of system's CPU runs at rate with settings k, in
+// run order.
+func (rp *report) cpuFigures(system string, rate float64, key string, k kind) []float64 {
 	var out []float64
 	for _, r := range rp.all(system, "cpu") {
-		_, has := r["fetch_cooldown_ms"]
-		if r.n("rate") == rate && (system != "river" || (has && r.n("fetch_cooldown_ms") < 100) == tuned) {
+		if r.n("rate") == rate && kindOf(r) == k {
 			out = append(out, r.n(key))
 		}
 	}
@@ -515,7 +535,7 @@ func (rp *report) cpuGoals() []goal {
 	for _, rate := range rp.cpuRates() {
 		name := "database CPU per row at " + rateName(rate)
 		const target = "≤ River"
-		pg, rv := rp.cpuFigures("pgworker", rate, "server_cpu_ms_per_row", false), rp.cpuFigures("river", rate, "server_cpu_ms_per_row", false)
+		pg, rv := rp.cpuFigures("pgworker", rate, "server_cpu_ms_per_row", plain), rp.cpuFigures("river", rate, "server_cpu_ms_per_row", plain)
 		switch {
 		case len(pg) == 0:
 			gs = append(gs, notMeasured(name, target, "no pgworker run"))
@@ -527,6 +547,14 @@ func (rp *report) cpuGoals() []goal {
 		a, b := median(pg), median(rv)
 		gs = append(gs, goal{name, target, fmt.Sprintf("%.3f vs %.3f ms: %.2fx (medians of %d and %d runs)", a, b, a/b, len(pg), len(rv)),
 			verdict(a <= b, fmt.Sprintf("%.2fx River's", a/b))})
+		// The same at River's own trade: claims held back for as long as
+		// River's fetch cooldown.
+		if c := rp.cpuFigures("pgworker", rate, "server_cpu_ms_per_row", cooled); len(c) > 0 {
+			a := median(c)
+			gs = append(gs, goal{name + " at River's trade, " + rp.cooldownName("cpu"), target,
+				fmt.Sprintf("%.3f vs %.3f ms: %.2fx (medians of %d and %d runs)", a, b, a/b, len(c), len(rv)),
+				verdict(a <= b, fmt.Sprintf("%.2fx River's", a/b))})
+		}
 	}
 	return gs
 }
@@ -764,7 +792,11 @@ func renderLatency(p printer, rp *report) {
 			r.n("p50_ms"), r.n("p90_ms"), r.n("p99_ms"), r.n("max_ms"), r.n("from_send.p50_ms"), setup)
 	}
 	for _, r := range pg {
-		row("pgworker", r, "")
+		setup := ""
+		if kindOf(r) == cooled {
+			setup = fmt.Sprintf("claim cooldown %g ms", r.n("claim_cooldown_ms"))
+		}
+		row("pgworker", r, setup)
 	}
 	for _, r := range rv {
 		row("River", r, fmt.Sprintf("fetch cooldown %g ms", r.n("fetch_cooldown_ms")))
@@ -794,7 +826,7 @@ func renderSkipLocked(p printer, rp *report) {
 func renderSteps(p printer, rp *report) {
 	var rs []result
 	for _, r := range rp.all("pgworker", "latency") {
-		if _, ok := r["steps"]; ok {
+		if _, ok := r["steps"]; ok && kindOf(r) == plain {
 			rs = append(rs, r)
 		}
 	}
@@ -834,16 +866,19 @@ func renderCPU(p printer, rp *report) {
 	p("written (`pg_current_wal_lsn()`) and the committed transactions of the database, each\n")
 	p("divided by the rows. Medians of the alternating runs; every run in the raw results.\n\n")
 	p("River tuned is River with its fetch cooldown at 1 ms, the setting of its fastest pickup;\n")
-	p("the goal compares River's default.\n\n")
+	p("the goal compares River's default. pgworker with a claim cooldown holds its claims back\n")
+	p("as River's default holds its fetches (`pgworker run --claim-cooldown`): River's trade of\n")
+	p("pickup latency for fewer claims.\n\n")
 	p("| rate | system | runs | rows/s | server CPU per row | worker process CPU per row | WAL per row | transactions per row |\n")
 	p("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	systems := []struct {
 		id, name string
-		tuned    bool
-	}{{"pgworker", "pgworker", false}, {"river", "River", false}, {"river", "River tuned", true}}
+		k        kind
+	}{{"pgworker", "pgworker", plain}, {"pgworker", "pgworker, " + rp.cooldownName("cpu"), cooled},
+		{"river", "River", plain}, {"river", "River tuned", tuned}}
 	for _, rate := range rates {
 		for _, sys := range systems {
-			fig := func(key string) []float64 { return rp.cpuFigures(sys.id, rate, key, sys.tuned) }
+			fig := func(key string) []float64 { return rp.cpuFigures(sys.id, rate, key, sys.k) }
 			srv := fig("server_cpu_ms_per_row")
 			if len(srv) == 0 {
 				continue
@@ -856,10 +891,10 @@ func renderCPU(p printer, rp *report) {
 	p("\n")
 	for _, rate := range rates {
 		for _, sys := range systems {
-			if sys.tuned {
+			if sys.k == tuned {
 				continue // River's statements: those of its default, the first run
 			}
-			r := rp.find(sys.id, "cpu", func(r result) bool { return r.n("rate") == rate })
+			r := rp.find(sys.id, "cpu", func(r result) bool { return r.n("rate") == rate && kindOf(r) == sys.k })
 			st, _ := r["statements"].([]any)
 			if len(st) == 0 {
 				continue

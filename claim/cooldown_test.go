@@ -1,0 +1,63 @@
+package claim_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pgworker/pgworker/claim"
+	"github.com/pgworker/pgworker/internal/pgtest"
+)
+
+// A doorbell that rings within the cooldown of the last claim is answered
+// when the cooldown ends, not at once; stopping the claimer meanwhile ends
+// the wait.
+func TestRunCooldownDefersTheClaim(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	bell := make(chan struct{}, 1)
+	c := claim.New(pool, &claim.Config{
+		Idle: []string{"n:1:0", "n:1:1"}, Doorbell: bell, SafetyNet: time.Hour, Cooldown: time.Hour,
+	})
+	col := newCollector()
+	run(t, c, col.deliver) // its cleanup asserts that Run returns within the cooldown
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	insert(t, pool, 1, "default")
+	bell <- struct{}{}
+	waitFor(t, "the claim held back", func() bool { return c.Stats().Deferred == 1 })
+	var pending int
+	if err := pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM files.files WHERE state = 'pending'").Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); pending != 1 || s.Claims != 1 || s.Rows != 0 {
+		t.Fatalf("during the cooldown: %d rows pending (want 1), stats %+v", pending, s)
+	}
+}
+
+// A claim that filled every slot it named is followed at once, cooldown or
+// not: a backlog is not slowed down by it.
+func TestRunCooldownSparesTheFollowUp(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	bell := make(chan struct{}, 1)
+	idle := idleSlots(10)
+	c := claim.New(pool, &claim.Config{
+		Idle: idle, Doorbell: bell, SafetyNet: time.Hour, Cooldown: 50 * time.Millisecond,
+	})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	insert(t, pool, 3, "default")
+	bell <- struct{}{}
+	for range 3 {
+		col.next(t, "the announced rows")
+	}
+	// Asking for 2 (full), then at once for 4 (one found). Only the first
+	// may have waited for the cooldown, depending on how long the insert took.
+	if s := c.Stats(); s.Claims != 3 || s.Rows != 3 || s.Deferred > 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
