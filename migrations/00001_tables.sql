@@ -343,11 +343,15 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_queues  text[];
-    v_pending text[];
+    v_known   boolean;
     v_keys    boolean;
     v_batches boolean;
+    v_sent    bigint;
 BEGIN
-    -- One pass over the new rows counts them in and says what the rest has to do.
+    -- One pass over the new rows counts them in, wakes the workers of the
+    -- queues that got pending rows and says what the rest has to do: in the
+    -- usual insert (a known queue, no keys, no batch) the only statement.
+    -- Each statement costs more than the work in it.
     WITH per_queue AS (
         SELECT n.queue,
                count(*) AS rows,
@@ -363,14 +367,17 @@ BEGIN
         INSERT INTO files.queue_counts (queue, at, rows, done, failed, cancelled)
         SELECT p.queue, date_trunc('minute', now()), p.rows, p.done, p.failed, p.cancelled FROM per_queue p
     )
-    SELECT array_agg(p.queue), array_agg(p.queue) FILTER (WHERE p.pending > 0), bool_or(p.keys), bool_or(p.batches)
-    INTO v_queues, v_pending, v_keys, v_batches
+    SELECT array_agg(p.queue), bool_and(EXISTS (SELECT 1 FROM files.queues x WHERE x.queue = p.queue)),
+           bool_or(p.keys), bool_or(p.batches),
+           count(pg_notify('files_pending', p.queue)) FILTER (WHERE p.pending > 0)
+    INTO v_queues, v_known, v_keys, v_batches, v_sent
     FROM per_queue p;
 
-    INSERT INTO files.queues (queue)
-    SELECT q FROM unnest(v_queues) AS q
-    WHERE NOT EXISTS (SELECT 1 FROM files.queues x WHERE x.queue = q)
-    ON CONFLICT DO NOTHING;
+    IF NOT v_known THEN
+        INSERT INTO files.queues (queue)
+        SELECT q FROM unnest(v_queues) AS q
+        ON CONFLICT DO NOTHING;
+    END IF;
 
     IF v_keys THEN
         BEGIN
@@ -387,8 +394,6 @@ BEGIN
         PERFORM files.batch_rows_added(array_agg(n.batch), array_agg(n.id), array_agg(n.state))
         FROM enqueued n WHERE n.batch IS NOT NULL;
     END IF;
-
-    PERFORM pg_notify('files_pending', q) FROM unnest(v_pending) AS q;
     RETURN NULL;
 END
 $$;

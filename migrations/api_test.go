@@ -488,6 +488,9 @@ func TestNotify(t *testing.T) {
 	}
 
 	expect("single insert", "[default]", exec("INSERT INTO files.files (source) VALUES ('a')"))
+	expect("insert of ended rows into a new queue", "[]",
+		exec("INSERT INTO files.files (source, queue, state, finished_at) VALUES ('old', 'archive', 'done', now())"))
+	expect("insert of no row", "[]", exec("INSERT INTO files.files (source) SELECT 'x' WHERE false"))
 	expect("multi-row insert, two queues", "[q1 q2]",
 		exec("INSERT INTO files.files (source, queue) SELECT 'x' || g, 'q' || (g % 2 + 1) FROM generate_series(1, 1000) g"))
 	expect("COPY of 100,000 rows", "[bulk]", func(c *pgxpool.Conn) {
