@@ -163,6 +163,22 @@ func TestSkipLocked(t *testing.T) {
 	cleanedUp(t, pool)
 }
 
+// The same burn-down through the SQL API: every row done, nothing left.
+func TestSkipLockedThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.SkipLocked(context.Background(), &bench.SkipLockedConfig{Rows: 1000, Clients: 3, Batch: 7, API: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "skiplocked")
+	positive(t, m, "rows_per_sec", "elapsed_ms")
+	if !res.API || m["api"] != true {
+		t.Errorf("result %+v", res)
+	}
+	cleanedUp(t, pool)
+}
+
 func TestCPU(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -172,6 +188,7 @@ func TestCPU(t *testing.T) {
 	}{
 		{"rate", bench.CPUConfig{Rate: 100, Duration: 300 * time.Millisecond, Slots: 4}, 30},
 		{"peak", bench.CPUConfig{Rows: 200, Slots: 4}, 200},
+		{"rate with a claim cooldown", bench.CPUConfig{Rate: 100, Duration: 300 * time.Millisecond, Slots: 4, ClaimCooldown: 50 * time.Millisecond}, 30},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -183,8 +200,8 @@ func TestCPU(t *testing.T) {
 			m := shape(t, res, "cpu")
 			// A row costs the server a transaction or more, WAL and CPU.
 			positive(t, m, "rows_per_sec", "server_cpu_ms_per_row", "wal_bytes_per_row", "xacts_per_row", "claims")
-			if res.Rows != c.rows {
-				t.Errorf("rows %d, want %d", res.Rows, c.rows)
+			if res.Rows != c.rows || res.CooldownMS != float64(c.cfg.ClaimCooldown.Milliseconds()) {
+				t.Errorf("rows %d (want %d), claim cooldown %g ms", res.Rows, c.rows, res.CooldownMS)
 			}
 			cleanedUp(t, pool)
 		})

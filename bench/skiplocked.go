@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -34,6 +35,18 @@ RETURNING f.id`
 WHERE id = ANY ($1) AND state = 'running'`
 )
 
+// The same loop through the SQL API on files.files, as a worker in any
+// language would drive it (docs/protocol.md): files.claim_batch for a batch
+// of slots, committed asynchronously as pgworker run's claims are, and
+// files.complete_many for the rows it took.
+const (
+	sqlAPIClaim = `SELECT id, worker_id, attempt, claim_token FROM files.claim_batch($1::text[], ARRAY[$2::text], $3)
+WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`
+	sqlAPIComplete = `SELECT count(*) FROM files.complete_many($1::bigint[], $2::text[], $3::integer[], $4::text[],
+    NULL::jsonb[], NULL::jsonb[], NULL)`
+	sqlAPIDeregister = `SELECT count(files.deregister_worker(w, $2)) FROM unnest($1::text[]) w`
+)
+
 // SkipLockedConfig sizes a SkipLocked run. A nil or zero config works.
 type SkipLockedConfig struct {
 	// Rows to burn down. Defaults to 50,000.
@@ -43,6 +56,11 @@ type SkipLockedConfig struct {
 	Clients int
 	// Batch is the rows per claim and per completion. Defaults to 100.
 	Batch int
+	// API claims and completes the rows of files.files through the SQL API
+	// (files.claim_batch and files.complete_many) instead of bare statements
+	// on a table of its shape: the bookkeeping of exactly-once outcomes, with
+	// no worker runtime around it. Defaults to false.
+	API bool
 }
 
 // SkipLockedResult is what SkipLocked measured.
@@ -51,6 +69,8 @@ type SkipLockedResult struct {
 	Rows    int `json:"rows"`
 	Clients int `json:"clients"`
 	Batch   int `json:"batch"`
+	// API is true for the loop through the SQL API.
+	API bool `json:"api,omitempty"`
 	// ElapsedMS runs from the clients' first claim to the last completion.
 	ElapsedMS  float64 `json:"elapsed_ms"`
 	RowsPerSec float64 `json:"rows_per_sec"`
@@ -69,9 +89,12 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 	c.Rows = orDefault(c.Rows, 50000)
 	c.Clients = orDefault(c.Clients, 8)
 	c.Batch = orDefault(c.Batch, 100)
-	res := &SkipLockedResult{Rows: c.Rows, Clients: c.Clients, Batch: c.Batch}
+	res := &SkipLockedResult{Rows: c.Rows, Clients: c.Clients, Batch: c.Batch, API: c.API}
 	err := b.run(ctx, "skiplocked", func(ctx context.Context) (err error) {
 		res.Setup = b.setup("skiplocked")
+		if c.API {
+			return b.apiLoops(ctx, &c, res)
+		}
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
@@ -90,25 +113,16 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 		if _, err := b.pool.Exec(ctx, sqlSkipVacuum); err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
-		conns := make([]*pgx.Conn, c.Clients)
-		for i := range conns {
-			conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
-			if err != nil {
-				return fmt.Errorf("bench: connect client %d: %w", i, err)
-			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			conns[i] = conn
+		conns, err := b.clients(ctx, c.Clients)
+		defer closeAll(ctx, conns)
+		if err != nil {
+			return err
 		}
 		b.logger.Info("bench: burning down with bare SKIP LOCKED", "rows", c.Rows, "clients", c.Clients, "batch", c.Batch)
-		t0 := time.Now()
-		errs := make([]error, len(conns))
-		var wg sync.WaitGroup
-		for i, conn := range conns {
-			wg.Go(func() { errs[i] = skipLockedLoop(ctx, conn, "client:"+strconv.Itoa(i), c.Batch) })
-		}
-		wg.Wait()
-		elapsed := time.Since(t0)
-		if err := errors.Join(errs...); err != nil {
+		elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error {
+			return skipLockedLoop(ctx, conn, "client:"+strconv.Itoa(i), c.Batch)
+		})
+		if err != nil {
 			return err
 		}
 		var left int64
@@ -126,6 +140,114 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 		return nil, err
 	}
 	return res, nil
+}
+
+// apiLoops is SkipLocked through the SQL API: cfg.Rows rows of Queue in
+// files.files, cfg.Clients connections each claiming for cfg.Batch slots of
+// its own and completing what it took, until a claim finds nothing.
+func (b *Bench) apiLoops(ctx context.Context, c *SkipLockedConfig, res *SkipLockedResult) error {
+	if err := b.copyRows(ctx, func(i int) string { return "skiplocked/" + strconv.Itoa(i) }, c.Rows); err != nil {
+		return err
+	}
+	b.vacuum(ctx)
+	conns, err := b.clients(ctx, c.Clients)
+	defer closeAll(ctx, conns)
+	if err != nil {
+		return err
+	}
+	key := "pgworker-bench-key-" + strconv.Itoa(os.Getpid())
+	slots := make([][]string, len(conns))
+	for i := range slots {
+		slots[i] = make([]string, c.Batch)
+		for j := range slots[i] {
+			slots[i][j] = workerPrefix + strconv.Itoa(os.Getpid()) + ":skiplocked:" + strconv.Itoa(i) + ":" + strconv.Itoa(j)
+		}
+	}
+	b.logger.Info("bench: burning down through the SQL API", "rows", c.Rows, "clients", c.Clients, "batch", c.Batch)
+	elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error { return apiLoop(ctx, conn, slots[i], key) })
+	for _, s := range slots {
+		// Stopped, so that the cleanup deletes them.
+		if _, derr := b.pool.Exec(ctx, sqlAPIDeregister, s, key); derr != nil {
+			err = errors.Join(err, fmt.Errorf("bench: deregister the slots: %w", derr))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	res.ElapsedMS = ms(elapsed)
+	res.RowsPerSec = round(float64(c.Rows)/elapsed.Seconds(), 1)
+	return b.outcomes(ctx, c.Rows)
+}
+
+// apiLoop claims for slots and completes what it took until a claim finds
+// nothing.
+func apiLoop(ctx context.Context, conn *pgx.Conn, slots []string, key string) error {
+	n := len(slots)
+	ids, wids, attempts, tokens := make([]int64, 0, n), make([]string, 0, n), make([]int32, 0, n), make([]string, 0, n)
+	for {
+		ids, wids, attempts, tokens = ids[:0], wids[:0], attempts[:0], tokens[:0]
+		rows, err := conn.Query(ctx, sqlAPIClaim, slots, Queue, key)
+		if err != nil {
+			return fmt.Errorf("bench: claim: %w", err)
+		}
+		for rows.Next() {
+			var (
+				id, wid, token = int64(0), "", ""
+				attempt        int32
+			)
+			if err := rows.Scan(&id, &wid, &attempt, &token); err != nil {
+				rows.Close()
+				return fmt.Errorf("bench: claim: %w", err)
+			}
+			ids, wids, attempts, tokens = append(ids, id), append(wids, wid), append(attempts, attempt), append(tokens, token)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("bench: claim: %w", err)
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		var took int
+		if err := conn.QueryRow(ctx, sqlAPIComplete, ids, wids, attempts, tokens).Scan(&took); err != nil {
+			return fmt.Errorf("bench: complete: %w", err)
+		}
+		if took != len(ids) {
+			return fmt.Errorf("bench: complete recorded %d of %d outcomes", took, len(ids))
+		}
+	}
+}
+
+// clients opens n connections of their own, as separate workers would have.
+func (b *Bench) clients(ctx context.Context, n int) ([]*pgx.Conn, error) {
+	conns := make([]*pgx.Conn, 0, n)
+	for i := range n {
+		conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+		if err != nil {
+			return conns, fmt.Errorf("bench: connect client %d: %w", i, err)
+		}
+		conns = append(conns, conn)
+	}
+	return conns, nil
+}
+
+func closeAll(ctx context.Context, conns []*pgx.Conn) {
+	for _, conn := range conns {
+		conn.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// burnDown runs loop on each connection at once and returns how long they
+// took together.
+func burnDown(conns []*pgx.Conn, loop func(i int, conn *pgx.Conn) error) (time.Duration, error) {
+	t0 := time.Now()
+	errs := make([]error, len(conns))
+	var wg sync.WaitGroup
+	for i, conn := range conns {
+		wg.Go(func() { errs[i] = loop(i, conn) })
+	}
+	wg.Wait()
+	return time.Since(t0), errors.Join(errs...)
 }
 
 // skipLockedLoop claims and completes batches until a claim finds nothing.

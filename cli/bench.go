@@ -91,8 +91,9 @@ Starts a worker runtime with --slots idle slots, then inserts --rows rows one
 at a time (one INSERT and commit each) at --rate per second, after five
 warm-up rows. For each row it takes the time from the insert's commit
 returning to the handler's start. JSON: p50_ms, p90_ms, p99_ms, max_ms,
-mean_ms, and the same from just before the insert was sent (from_send).`,
-		examples: "pgworker bench latency --rows 500 --rate 50 --slots 100\npgworker bench latency --json | jq .p50_ms",
+mean_ms, and the same from just before the insert was sent (from_send).
+--claim-cooldown gives the worker pgworker run's --claim-cooldown.`,
+		examples: "pgworker bench latency --rows 500 --rate 50 --slots 100\npgworker bench latency --json | jq .p50_ms\npgworker bench latency --claim-cooldown 100ms --json",
 	},
 	"claim-depth": {
 		name: "bench claim-depth", args: "[--depths N,N,...] [--claims N] [--json] [flags]",
@@ -111,7 +112,7 @@ Ten million rows take a few minutes to build and need about 2 GB of disk;
 		examples: "pgworker bench claim-depth\npgworker bench claim-depth --depths 10k,1M --claims 500 --json",
 	},
 	"skiplocked": {
-		name: "bench skiplocked", args: "[--rows N] [--clients N] [--batch N] [--json] [flags]",
+		name: "bench skiplocked", args: "[--rows N] [--clients N] [--batch N] [--api] [--json] [flags]",
 		help: `
 Measures what the database does as a queue with no queue software: creates a
 table with the columns, checks and defaults of files.files and a partial
@@ -121,8 +122,14 @@ timed), and times --clients connections that each claim --batch rows with
 UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) and mark them done
 with a second UPDATE, one transaction each, until every row is done. No
 history row, no notification, no fencing: the ceiling a queue on this
-database can approach. JSON: rows_per_sec, elapsed_ms.`,
-		examples: "pgworker bench skiplocked\npgworker bench skiplocked --rows 100000 --clients 8 --batch 100 --json",
+database can approach. JSON: rows_per_sec, elapsed_ms.
+
+With --api the same loop runs on the rows of files.files through the SQL
+API, as a worker in any language would: files.claim_batch for --batch slots
+of each connection (committed asynchronously, as pgworker run claims) and
+files.complete_many for what it took. Set beside the bare loop, it shows what
+the bookkeeping of exactly-once outcomes costs at the same batch size.`,
+		examples: "pgworker bench skiplocked\npgworker bench skiplocked --rows 100000 --clients 8 --batch 100 --json\npgworker bench skiplocked --api --json",
 	},
 	"cpu": {
 		name: "bench cpu", args: "[--rate R] [--duration D] [--rows N] [--slots N] [--json] [flags]",
@@ -138,8 +145,9 @@ worker and the inserts), the WAL written and the database's transactions,
 and divides each by the rows. With the pg_stat_statements extension in the
 database, the statements with the most execution time are listed per row.
 JSON: server_cpu_ms_per_row, worker_cpu_ms_per_row, wal_bytes_per_row,
-xacts_per_row, statements.`,
-		examples: "pgworker bench cpu --rate 200 --duration 10s\npgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json",
+xacts_per_row, statements. --claim-cooldown gives the worker pgworker run's
+--claim-cooldown: River's trade of pickup latency for fewer claims.`,
+		examples: "pgworker bench cpu --rate 200 --duration 10s\npgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json\npgworker bench cpu --rate 200 --claim-cooldown 100ms --json",
 	},
 	"herd": {
 		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--pool-url URL] [--idle D] [--json] [flags]",
@@ -324,7 +332,7 @@ type benchFlags struct {
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
 	batches, exportRows, clients, attempts, depth                     int
 	rate, present                                                     float64
-	noKey, fairShare                                                  bool
+	noKey, fairShare, api                                             bool
 	maxRunning                                                        int
 	depths, execCmd, inputStore, outputStore, poolURL                 string
 	interval, duration, phase, sampleEvery, pruneEvery, keep          time.Duration
@@ -356,6 +364,7 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.rows, "rows", 50000, "`N` rows to burn down")
 		fs.IntVar(&f.clients, "clients", 8, "`N` connections claiming and completing at once")
 		fs.IntVar(&f.batchSize, "batch", 100, "`N` rows per claim and per completion")
+		fs.BoolVar(&f.api, "api", false, "claim and complete the rows of files.files through the SQL API (files.claim_batch, files.complete_many) instead of bare statements")
 	case "cpu":
 		fs.Float64Var(&f.rate, "rate", 200, "rows inserted per second, one per transaction; 0: --rows burnt down at peak")
 		fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long to insert at --rate")
@@ -509,7 +518,7 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 	case "claim-depth":
 		return b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: f.depthList, Claims: f.claims})
 	case "skiplocked":
-		return b.SkipLocked(ctx, &bench.SkipLockedConfig{Rows: f.rows, Clients: f.clients, Batch: f.batchSize})
+		return b.SkipLocked(ctx, &bench.SkipLockedConfig{Rows: f.rows, Clients: f.clients, Batch: f.batchSize, API: f.api})
 	case "cpu":
 		return b.CPU(ctx, &bench.CPUConfig{
 			Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns, ClaimCooldown: f.claimCooldown,
