@@ -11,7 +11,8 @@
 // claim for every idle slot. It never polls at a fixed cadence: an idle
 // process sends no claim query but the safety net's, and each wake-up sends
 // one claim, followed by another only when the first filled every slot it
-// named.
+// named. With Config.Cooldown, a wake-up within the cooldown of the last
+// claim waits for its end, and one claim takes what came meanwhile.
 //
 // A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
 // only means "wait again": it is counted, never reported as an error.
@@ -374,11 +375,13 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 			return nil
 		}
 		if wait := c.cooldown - time.Since(lastStart); wait > 0 && !followUp {
-			// The doorbells that ring meanwhile are answered by this claim.
+			// The doorbells that ring meanwhile are answered by the claim
+			// after it. Slots may have been removed meanwhile: look again.
 			c.deferred.Add(1)
 			if !retry.Sleep(ctx, wait) {
 				return nil
 			}
+			continue
 		}
 
 		ids := c.takeIdle(ask)
