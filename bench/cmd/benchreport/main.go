@@ -909,7 +909,15 @@ func renderCPU(p printer, rp *report) {
 			if len(st) == 0 {
 				continue
 			}
-			p("%s's statements at %s (pg_stat_statements, first run; execution time excludes the commit's flush):\n\n", sys.name, rateName(rate))
+			whose := sys.id
+			if sys.id == "river" {
+				whose = "River"
+			}
+			with := ""
+			if sys.k == cooled {
+				with = " with " + rp.cooldownName("cpu")
+			}
+			p("%s's statements at %s%s (pg_stat_statements, first run; execution time excludes the commit's flush):\n\n", whose, rateName(rate), with)
 			p("| calls per row | exec ms per row | statement |\n| ---: | ---: | --- |\n")
 			for _, x := range st[:min(len(st), 6)] {
 				m, _ := x.(map[string]any)

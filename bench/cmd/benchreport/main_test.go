@@ -106,7 +106,7 @@ func TestGoals(t *testing.T) {
 		"### Claim at depth", "| 10,000 | 100 |",
 		"### Bare SKIP LOCKED", "| bare | 50,000 | 8 | 100 | **3,500** |", "| SQL API | 50,000 | 8 | 100 | **1,000** |", "### Where a pickup's time goes", "| 1 | 500 | 0.100 / 0.300 |",
 		"### Database CPU per row", "| 200 rows/s | pgworker | 1 | 199 | **0.500 ms** |", "| 200 rows/s | River tuned | 1 | 199 | **0.100 ms** |",
-		"| 200 rows/s | pgworker, claim cooldown 100 ms | 1 | 199 | **0.700 ms** |", "| **40.00 ms** | 80.00 ms | 99.00 ms | 100.00 ms | 41.00 ms | claim cooldown 100 ms |", "| peak | River |", "`SELECT a \\| b`", "0.300 ms", "### Herd", "### Enqueue", "**125,000**",
+		"| 200 rows/s | pgworker, claim cooldown 100 ms | 1 | 199 | **0.700 ms** |", "pgworker's statements at 200 rows/s (pg_stat_statements", "| **40.00 ms** | 80.00 ms | 99.00 ms | 100.00 ms | 41.00 ms | claim cooldown 100 ms |", "| peak | River |", "`SELECT a \\| b`", "0.300 ms", "### Herd", "### Enqueue", "**125,000**",
 		"### Operator reads at scale", "| files.queue_stats | **1.20 ms** | 3.00 ms |",
 		"### Long transaction beside the queue", "| peak (depth 2,000) | 16 | idle-in-tx (60s) | **4,000** |", "| 1,000 rows/s | 16 | clean (90s) | **1,000** | 3.0 ms | **9.0 ms** | 3 |",
 		"### Soak", "| 500 | 16 | 30m | 60s | 500 |", "## Raw results"} {
