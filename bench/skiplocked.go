@@ -192,8 +192,9 @@ func apiLoop(ctx context.Context, conn *pgx.Conn, slots []string, key string) er
 		}
 		for rows.Next() {
 			var (
-				id, wid, token = int64(0), "", ""
-				attempt        int32
+				id         int64
+				wid, token string
+				attempt    int32
 			)
 			if err := rows.Scan(&id, &wid, &attempt, &token); err != nil {
 				rows.Close()

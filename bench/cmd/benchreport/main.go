@@ -881,11 +881,13 @@ func renderCPU(p printer, rp *report) {
 	p("pickup latency for fewer claims.\n\n")
 	p("| rate | system | runs | rows/s | server CPU per row | worker process CPU per row | WAL per row | transactions per row |\n")
 	p("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	// name heads the table's rows; whose and with the statements' tables.
 	systems := []struct {
-		id, name string
-		k        kind
-	}{{"pgworker", "pgworker", plain}, {"pgworker", "pgworker, " + rp.cooldownName("cpu"), cooled},
-		{"river", "River", plain}, {"river", "River tuned", tuned}}
+		id, name, whose, with string
+		k                     kind
+	}{{"pgworker", "pgworker", "pgworker", "", plain},
+		{"pgworker", "pgworker, " + rp.cooldownName("cpu"), "pgworker", " with " + rp.cooldownName("cpu"), cooled},
+		{"river", "River", "River", "", plain}, {"river", "River tuned", "River", "", tuned}}
 	for _, rate := range rates {
 		for _, sys := range systems {
 			fig := func(key string) []float64 { return rp.cpuFigures(sys.id, rate, key, sys.k) }
@@ -909,15 +911,7 @@ func renderCPU(p printer, rp *report) {
 			if len(st) == 0 {
 				continue
 			}
-			whose := sys.id
-			if sys.id == "river" {
-				whose = "River"
-			}
-			with := ""
-			if sys.k == cooled {
-				with = " with " + rp.cooldownName("cpu")
-			}
-			p("%s's statements at %s%s (pg_stat_statements, first run; execution time excludes the commit's flush):\n\n", whose, rateName(rate), with)
+			p("%s's statements at %s%s (pg_stat_statements, first run; execution time excludes the commit's flush):\n\n", sys.whose, rateName(rate), sys.with)
 			p("| calls per row | exec ms per row | statement |\n| ---: | ---: | --- |\n")
 			for _, x := range st[:min(len(st), 6)] {
 				m, _ := x.(map[string]any)
