@@ -208,6 +208,41 @@ func TestCPU(t *testing.T) {
 	}
 }
 
+// Notify's four phases each insert their rows, and the bare queue claims
+// every row of its phase and times each pickup; the scratch schema and the
+// rows of files.files go at the end.
+func TestNotify(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Notify(context.Background(), &bench.NotifyConfig{Rate: 100, Duration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "notify")
+	positive(t, m, "rate")
+	var names []string
+	for _, p := range res.Phases {
+		names = append(names, p.Name)
+		if p.Rows != 20 || p.RowsPerSec <= 0 || p.ServerCPUMSPerRow < 0 || p.WALBytesPerRow <= 0 {
+			t.Errorf("phase %s: %+v", p.Name, p)
+		}
+		timed := p.Pickup != nil && p.CommitToNotify != nil && p.Claim != nil
+		if want := p.Name == bench.PhaseQueue; timed != want {
+			t.Errorf("phase %s: pickup timed %v, want %v", p.Name, timed, want)
+		}
+		if timed && (p.Pickup.MaxMS <= 0 || p.Claim.P50MS <= 0) {
+			t.Errorf("phase %s: pickup %+v, claim %+v", p.Name, *p.Pickup, *p.Claim)
+		}
+	}
+	if want := []string{bench.PhaseInsert, bench.PhaseNotify, bench.PhaseQueue, bench.PhaseEnqueue}; !slices.Equal(names, want) {
+		t.Errorf("phases %v, want %v", names, want)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgworker_bench_skiplocked'"); n != 0 {
+		t.Errorf("the scratch schema is still there")
+	}
+	cleanedUp(t, pool)
+}
+
 func TestClaimDepth(t *testing.T) {
 	t.Parallel()
 	b, pool := newBench(t, nil)

@@ -36,6 +36,9 @@ setup (--json: one JSON object on one line).
                completions of a table shaped like files.files, no queue code
   cpu          the database server's and the worker's CPU time, WAL and
                transactions per row, at a fixed rate or at peak
+  notify       the bare database as a LISTEN/NOTIFY queue: the server's CPU
+               per row of an insert, its notification, a bare claim of each
+               notified row (and its pickup), and pgworker's own insert
   herd         many idle processes, one row at a time: claim queries per row
                and per process per wake-up, counted by the server
   enqueue      rows/s through pgworker enqueue's COPY path
@@ -148,6 +151,35 @@ JSON: server_cpu_ms_per_row, worker_cpu_ms_per_row, wal_bytes_per_row,
 xacts_per_row, statements. --claim-cooldown gives the worker pgworker run's
 --claim-cooldown: River's trade of pickup latency for fewer claims.`,
 		examples: "pgworker bench cpu --rate 200 --duration 10s\npgworker bench cpu --rate 0 --rows 50000 --slots 2000 --json\npgworker bench cpu --rate 200 --claim-cooldown 100ms --json",
+	},
+	"notify": {
+		name: "bench notify", args: "[--rate R] [--duration D] [--json] [flags]",
+		help: `
+Measures what a queue driven by LISTEN/NOTIFY costs the database with no
+queue software, on the table of bench skiplocked (in a schema of its own,
+dropped at the end). Four phases each insert rows one per transaction at
+--rate per second for --duration, on four connections, after five warm-up
+rows:
+
+  insert   the bare insert
+  notify   the insert with a NOTIFY in the same statement, one session
+           listening
+  queue    the same, each notification answered at once by a bare claim
+           (UPDATE ... FOR UPDATE SKIP LOCKED, committed asynchronously)
+           and a completion: the least a queue with an immediate pickup
+           does per row
+  enqueue  pgworker's own insert into files.files (its trigger counts the
+           row and notifies files_pending), one session listening, no
+           worker
+
+Each phase's server CPU per row is read from /proc as in bench cpu (the
+server must run on this machine). The queue phase also times the pickup, from
+an insert's commit returning to the answer of the claim that took its row,
+with its notification's arrival and the claim's round trip: what pgworker's
+pickup (bench latency) can approach on this database. JSON: phases (name,
+server_cpu_ms_per_row, wal_bytes_per_row, rows_per_sec; pickup,
+commit_to_notify and claim for the queue phase).`,
+		examples: "pgworker bench notify\npgworker bench notify --rate 50 --duration 10s --json",
 	},
 	"herd": {
 		name: "bench herd", args: "[--processes N] [--slots N] [--rows N] [--pool-url URL] [--idle D] [--json] [flags]",
@@ -264,7 +296,7 @@ PNG.`,
 }
 
 // benchModeOrder lists the modes for messages.
-const benchModeOrder = "throughput, latency, claim-depth, skiplocked, cpu, herd, enqueue, batches, views, pipeline, long-tx or soak"
+const benchModeOrder = "throughput, latency, claim-depth, skiplocked, cpu, notify, herd, enqueue, batches, views, pipeline, long-tx or soak"
 
 func (c *CLI) bench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
@@ -372,6 +404,9 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.slots, "slots", 100, "`N` slots of the worker")
 		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
 		fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "the worker's --claim-cooldown (0: claim at once)")
+	case "notify":
+		fs.Float64Var(&f.rate, "rate", 200, "rows inserted per second, one per transaction, in each phase")
+		fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long each phase inserts")
 	case "herd":
 		fs.IntVar(&f.processes, "processes", 20, "`N` worker runtimes, each with its own connections")
 		fs.IntVar(&f.slots, "slots", 50, "`N` idle slots per runtime")
@@ -460,6 +495,13 @@ func (f *benchFlags) check(fs *flagSet) error {
 		if f.duration <= 0 {
 			return usagef("--duration must be positive")
 		}
+	case "notify":
+		if f.rate <= 0 || f.rate > 100_000 {
+			return usagef("--rate must be above 0 and at most 100000 rows per second")
+		}
+		if f.duration <= 0 || f.duration > time.Hour {
+			return usagef("--duration must be positive and at most 1h")
+		}
 	case "claim-depth":
 		var err error
 		if f.depthList, err = parseDepths(f.depths); err != nil {
@@ -523,6 +565,8 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 		return b.CPU(ctx, &bench.CPUConfig{
 			Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns, ClaimCooldown: f.claimCooldown,
 		})
+	case "notify":
+		return b.Notify(ctx, &bench.NotifyConfig{Rate: f.rate, Duration: f.duration})
 	case "herd":
 		cfg := &bench.HerdConfig{Processes: f.processes, Slots: f.slots, Rows: f.rows, Interval: f.interval, Idle: f.duration}
 		if f.poolURL != "" {
@@ -662,6 +706,17 @@ func benchText(res any) string {
 			r.Rows, rate, r.Slots, r.RowsPerSec, r.ServerCPUMSPerRow, r.WorkerCPUMSPerRow, r.WALBytesPerRow, r.XactsPerRow)
 		for _, s := range r.Statements {
 			fmt.Fprintf(&b, "\n  %6.3f calls %7.4f ms exec %7.4f ms plan  %s", s.CallsPerRow, s.ExecMSPerRow, s.PlanMSPerRow, s.Query)
+		}
+		return b.String()
+	case *bench.NotifyResult:
+		var b strings.Builder
+		fmt.Fprintf(&b, "notify: rows inserted one per transaction at %g rows/s; server CPU per row", r.Rate)
+		for _, p := range r.Phases {
+			fmt.Fprintf(&b, "\n  %-8s %6d rows %7.0f rows/s  %.3f ms  WAL %.0f bytes", p.Name, p.Rows, p.RowsPerSec, p.ServerCPUMSPerRow, p.WALBytesPerRow)
+			if p.Pickup != nil {
+				fmt.Fprintf(&b, "  pickup p50 %.3f ms, p99 %.3f (commit to notification %.3f, claim %.3f)",
+					p.Pickup.P50MS, p.Pickup.P99MS, p.CommitToNotify.P50MS, p.Claim.P50MS)
+			}
 		}
 		return b.String()
 	case *bench.HerdResult:

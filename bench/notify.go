@@ -1,0 +1,491 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The statements of Notify, on the table of SkipLocked: a one-row insert,
+// bare or with a notification in the same statement (its payload the row's
+// source, so that each notification can be matched to its row), and the
+// bare queue's claim, committed asynchronously as pgworker run's claims are,
+// and completion, committed as pgworker run's outcomes are.
+const (
+	notifyChannel   = "pgworker_bench_notify"
+	sqlNotifyListen = `LISTEN ` + notifyChannel
+	sqlBareInsert   = `INSERT INTO ` + skipSchema + `.files (queue, source) VALUES ($1, $2) RETURNING id`
+	sqlBareNotify   = `WITH i AS (INSERT INTO ` + skipSchema + `.files (queue, source) VALUES ($1, $2) RETURNING id)
+SELECT i.id FROM i, pg_notify('` + notifyChannel + `', $2)`
+	sqlBareClaim = `UPDATE ` + skipSchema + `.files f SET state = 'running', worker_id = $2, attempt = f.attempt + 1,
+    claimed_at = now(), lease_expires_at = now() + interval '15 seconds'
+WHERE f.id IN (SELECT id FROM ` + skipSchema + `.files WHERE state = 'pending' AND queue = $1
+    ORDER BY priority DESC, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+  AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+RETURNING f.id, f.source`
+	sqlListenPending = `LISTEN files_pending`
+)
+
+// The phases of Notify, in the order they run.
+const (
+	PhaseInsert  = "insert"  // the bare insert
+	PhaseNotify  = "notify"  // the insert and a notification, one session listening
+	PhaseQueue   = "queue"   // the bare queue: the same, and each notification answered by a claim
+	PhaseEnqueue = "enqueue" // pgworker's own insert into files.files, a session listening on files_pending
+)
+
+// notifyClaimBatch is the most rows the bare queue claims at once; a claim
+// that gets as many claims again at once, as pgworker run's do.
+const notifyClaimBatch = 10
+
+// notifyWarmup rows go through each phase before its measurement.
+const notifyWarmup = 5
+
+// NotifyConfig sizes a Notify run. A nil or zero config works.
+type NotifyConfig struct {
+	// Rate of inserts per second, one row per transaction, in each phase.
+	// Defaults to 200.
+	Rate float64
+	// Duration of each phase's inserts. Defaults to 10s.
+	Duration time.Duration
+	// PickupTimeout bounds the wait for the bare queue to end its rows.
+	// Defaults to 30s.
+	PickupTimeout time.Duration
+}
+
+// NotifyResult is what Notify measured.
+type NotifyResult struct {
+	Setup
+	Rate   float64       `json:"rate"`
+	Phases []NotifyPhase `json:"phases"`
+}
+
+// NotifyPhase is one phase of Notify: what its rows cost the server, from
+// the start of its inserts to the last insert's commit (to the last row's
+// completion in the queue phase).
+type NotifyPhase struct {
+	Name       string  `json:"name"`
+	Rows       int     `json:"rows"`
+	ElapsedMS  float64 `json:"elapsed_ms"`
+	RowsPerSec float64 `json:"rows_per_sec"`
+	// ServerCPUMSPerRow is the CPU time of every process of the server
+	// (from /proc) over the rows, as in CPU.
+	ServerCPUMSPerRow float64 `json:"server_cpu_ms_per_row"`
+	// WALBytesPerRow is the server's WAL written over the rows.
+	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
+	// Pickup, of the queue phase only, runs from an insert's commit
+	// returning to the answer of the claim that took its row;
+	// CommitToNotify to its notification reaching the listening session
+	// (negative when it came first), Claim is the claim's round trip.
+	Pickup         *Percentiles `json:"pickup,omitempty"`
+	CommitToNotify *Percentiles `json:"commit_to_notify,omitempty"`
+	Claim          *Percentiles `json:"claim,omitempty"`
+}
+
+// Notify measures what a LISTEN/NOTIFY queue costs the database with no
+// queue software, on the table of SkipLocked (created in a schema of its
+// own and dropped at the end). Four phases each insert cfg.Rate rows per
+// second, one per transaction, for cfg.Duration: the bare insert; the
+// insert with a notification in the same statement, one session listening;
+// the bare queue, where that session's notifications are answered at once
+// by a bare claim (FOR UPDATE SKIP LOCKED) and a completion, which times
+// the pickup a queue on this database can approach; and pgworker's own
+// insert into files.files, its trigger and a session listening on
+// files_pending, with no worker. Each phase's server CPU per row says what
+// each step costs.
+func (b *Bench) Notify(ctx context.Context, cfg *NotifyConfig) (*NotifyResult, error) {
+	c := NotifyConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Rate = orDefault(c.Rate, 200)
+	c.Duration = orDefault(c.Duration, 10*time.Second)
+	c.PickupTimeout = orDefault(c.PickupTimeout, 30*time.Second)
+	res := &NotifyResult{Rate: c.Rate}
+	err := b.run(ctx, "notify", func(ctx context.Context) (err error) {
+		res.Setup = b.setup("notify")
+		server, err := b.findServerCPU(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if _, derr := b.pool.Exec(cctx, sqlSkipDrop); derr != nil {
+				err = errors.Join(err, fmt.Errorf("bench: drop schema %s: %w", skipSchema, derr))
+			}
+		}()
+		for _, stmt := range []string{sqlSkipDrop, sqlSkipSchema, sqlSkipTable, sqlSkipIndex} {
+			if _, err := b.pool.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("bench: %s: %w", stmt, explain(err))
+			}
+		}
+		inserters, err := b.workerPool(ctx, producers, nil)
+		if err != nil {
+			return err
+		}
+		defer inserters.Close()
+		n := max(int(c.Rate*c.Duration.Seconds()), 1)
+		r := &notifyRun{b: b, c: &c, server: server, inserters: inserters, rows: n}
+		for _, phase := range []string{PhaseInsert, PhaseNotify, PhaseQueue, PhaseEnqueue} {
+			p, err := r.phase(ctx, phase)
+			if err != nil {
+				return fmt.Errorf("bench: phase %s: %w", phase, err)
+			}
+			res.Phases = append(res.Phases, *p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// notifyRun holds what Notify's phases share.
+type notifyRun struct {
+	b         *Bench
+	c         *NotifyConfig
+	server    *serverCPU
+	inserters *pgxpool.Pool
+	rows      int
+	next      int // the sequence number of the next row, over all phases
+}
+
+// phase runs one phase: its warm-up rows, then its measured rows. Its
+// sessions are its own, closed at its end.
+func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error) {
+	insert, listen := sqlBareNotify, sqlNotifyListen
+	switch name {
+	case PhaseInsert:
+		insert, listen = sqlBareInsert, ""
+	case PhaseEnqueue:
+		insert, listen = sqlInsertOne, sqlListenPending
+	}
+	tr := newBareTrace()
+	if listen != "" {
+		conns, err := r.b.clients(ctx, 3) // the listening session, the claimer and the completer
+		defer closeAll(ctx, conns)
+		if err != nil {
+			return nil, err
+		}
+		pctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer wg.Wait() // before the sessions close
+		defer stop()
+		if _, err := conns[0].Exec(ctx, listen); err != nil {
+			return nil, err
+		}
+		bell := make(chan struct{}, 1)
+		wg.Go(func() { tr.listen(pctx, conns[0], bell) })
+		if name == PhaseQueue {
+			claimed := make(chan []int64, 64)
+			wg.Go(func() { tr.serve(pctx, conns[1], bell, claimed) })
+			wg.Go(func() { tr.complete(pctx, conns[2], claimed) })
+		}
+	}
+	// Warm-up: the sessions' first statements and plans, not measured.
+	if err := r.insertAtRate(ctx, insert, notifyWarmup, tr); err != nil {
+		return nil, err
+	}
+	if err := tr.waitDone(ctx, name == PhaseQueue, notifyWarmup, r.c.PickupTimeout); err != nil {
+		return nil, err
+	}
+	lsn, cpu, err := r.reading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	first := r.next
+	t0 := time.Now()
+	if err := r.insertAtRate(ctx, insert, r.rows, tr); err != nil {
+		return nil, err
+	}
+	if err := tr.waitDone(ctx, name == PhaseQueue, notifyWarmup+r.rows, r.c.PickupTimeout); err != nil {
+		return nil, err
+	}
+	elapsed := time.Since(t0)
+	lsn2, cpu2, err := r.reading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var wal float64
+	if err := r.inserters.QueryRow(ctx, sqlWALBytes, lsn2, lsn).Scan(&wal); err != nil {
+		return nil, err
+	}
+	n := float64(r.rows)
+	p := &NotifyPhase{Name: name, Rows: r.rows, ElapsedMS: ms(elapsed), RowsPerSec: round(n/elapsed.Seconds(), 1),
+		ServerCPUMSPerRow: round(ms(cpu2-cpu)/n, 4), WALBytesPerRow: round(wal/n, 1)}
+	if name == PhaseQueue {
+		if err := tr.percentiles(p, first, r.next); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// reading is the server's WAL position and CPU time now.
+func (r *notifyRun) reading(ctx context.Context) (string, time.Duration, error) {
+	var lsn string
+	if err := r.inserters.QueryRow(ctx, sqlWALLSN).Scan(&lsn); err != nil {
+		return "", 0, err
+	}
+	cpu, err := r.server.total()
+	return lsn, cpu, err
+}
+
+// insertAtRate inserts n rows with stmt, one per transaction, the i-th at
+// i/rate seconds from now, spread over the producers' connections as CPU's
+// inserts are, noting when each commit returned.
+func (r *notifyRun) insertAtRate(ctx context.Context, stmt string, n int, tr *bareTrace) error {
+	rate := r.c.Rate
+	first := r.next
+	r.next += n
+	tr.grow(r.next)
+	start := time.Now()
+	errs := make([]error, producers)
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			var id int64
+			for i := p; i < n; i += producers {
+				if d := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
+					if err := sleep(ctx, d); err != nil {
+						errs[p] = err
+						return
+					}
+				}
+				seq := first + i
+				if err := r.inserters.QueryRow(ctx, stmt, Queue, "notify/"+strconv.Itoa(seq)).Scan(&id); err != nil {
+					errs[p] = fmt.Errorf("insert: %w", explain(err))
+					return
+				}
+				tr.committed(seq)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// bareTrace times each row of the bare queue: its insert's commit, its
+// notification, and the claim that took it.
+type bareTrace struct {
+	mu        sync.Mutex
+	commit    []time.Time
+	notified  []time.Time
+	claimed   []time.Time
+	claimTook []time.Duration // the round trip of the claim that took the row
+	done      int             // rows completed
+	changed   chan struct{}   // closed and replaced when done grows
+	err       error           // the claimer's, if it stopped on one
+}
+
+func newBareTrace() *bareTrace { return &bareTrace{changed: make(chan struct{})} }
+
+// grow makes room for rows up to n.
+func (t *bareTrace) grow(n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.commit) < n {
+		t.commit = append(t.commit, time.Time{})
+		t.notified = append(t.notified, time.Time{})
+		t.claimed = append(t.claimed, time.Time{})
+		t.claimTook = append(t.claimTook, 0)
+	}
+}
+
+func (t *bareTrace) committed(seq int) {
+	now := time.Now()
+	t.mu.Lock()
+	t.commit[seq] = now
+	t.mu.Unlock()
+}
+
+// listen reads the session's notifications until ctx ends, noting when each
+// row's came and ringing bell.
+func (t *bareTrace) listen(ctx context.Context, conn *pgx.Conn, bell chan<- struct{}) {
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		if seq, ok := seqOf(n.Payload); ok {
+			t.mu.Lock()
+			if seq < len(t.notified) {
+				t.notified[seq] = now
+			}
+			t.mu.Unlock()
+		}
+		select {
+		case bell <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// serve is the bare queue's claimer: at each ring it claims up to
+// notifyClaimBatch rows, at once again while a claim comes back full, and
+// hands what it took to complete, as pgworker run's slots hand their
+// outcomes to a recorder of their own.
+func (t *bareTrace) serve(ctx context.Context, conn *pgx.Conn, bell <-chan struct{}, claimed chan<- []int64) {
+	defer close(claimed)
+	for {
+		select {
+		case <-bell:
+		case <-ctx.Done():
+			return
+		}
+		for {
+			ids, err := t.claimOnce(ctx, conn)
+			if err != nil {
+				t.fail(ctx, err)
+				return
+			}
+			if len(ids) > 0 {
+				select {
+				case claimed <- ids:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if len(ids) < notifyClaimBatch {
+				break
+			}
+		}
+	}
+}
+
+// complete marks the claimed rows done, a claim's rows in one statement.
+func (t *bareTrace) complete(ctx context.Context, conn *pgx.Conn, claimed <-chan []int64) {
+	for ids := range claimed {
+		if _, err := conn.Exec(ctx, sqlSkipComplete, ids); err != nil {
+			t.fail(ctx, fmt.Errorf("complete: %w", err))
+			return
+		}
+		t.mu.Lock()
+		t.done += len(ids)
+		close(t.changed)
+		t.changed = make(chan struct{})
+		t.mu.Unlock()
+	}
+}
+
+// fail records the error that stopped the claimer or the completer, unless
+// the phase was ending.
+func (t *bareTrace) fail(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err == nil {
+		t.err = err
+	}
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// claimOnce claims up to notifyClaimBatch rows and notes when each was
+// taken.
+func (t *bareTrace) claimOnce(ctx context.Context, conn *pgx.Conn) ([]int64, error) {
+	sent := time.Now()
+	rows, err := conn.Query(ctx, sqlBareClaim, Queue, "bare", notifyClaimBatch)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	var ids []int64
+	var seqs []int
+	for rows.Next() {
+		var id int64
+		var source string
+		if err := rows.Scan(&id, &source); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		seq, ok := seqOf(source)
+		if !ok {
+			rows.Close()
+			return nil, fmt.Errorf("claim: a row of source %q", source)
+		}
+		ids, seqs = append(ids, id), append(seqs, seq)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	answered := time.Now()
+	t.mu.Lock()
+	for _, seq := range seqs {
+		if seq < len(t.claimed) {
+			t.claimed[seq], t.claimTook[seq] = answered, answered.Sub(sent)
+		}
+	}
+	t.mu.Unlock()
+	return ids, nil
+}
+
+// waitDone waits until the bare queue has completed n rows, if served.
+func (t *bareTrace) waitDone(ctx context.Context, served bool, n int, timeout time.Duration) error {
+	if !served {
+		return nil
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		t.mu.Lock()
+		done, err, changed := t.done, t.err, t.changed
+		t.mu.Unlock()
+		switch {
+		case err != nil:
+			return err
+		case done >= n:
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return fmt.Errorf("%d of %d rows done after %s", done, n, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// percentiles sets the queue phase's pickup and its steps, of the rows from
+// first to end.
+func (t *bareTrace) percentiles(p *NotifyPhase, first, end int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var pickup, notify, claim []time.Duration
+	for seq := first; seq < end; seq++ {
+		if t.claimed[seq].IsZero() {
+			return fmt.Errorf("row %d was not claimed", seq)
+		}
+		pickup = append(pickup, t.claimed[seq].Sub(t.commit[seq]))
+		claim = append(claim, t.claimTook[seq])
+		if !t.notified[seq].IsZero() {
+			notify = append(notify, t.notified[seq].Sub(t.commit[seq]))
+		}
+	}
+	pu, cn, cl := percentiles(pickup), percentiles(notify), percentiles(claim)
+	p.Pickup, p.CommitToNotify, p.Claim = &pu, &cn, &cl
+	return nil
+}
+
+// seqOf reads the sequence number of a source "notify/N".
+func seqOf(source string) (int, bool) {
+	s, ok := strings.CutPrefix(source, "notify/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 0
+}
