@@ -6,7 +6,7 @@
 # cluster runs with fsync on and pg_stat_statements loaded (BENCH_SETTINGS in
 # the Makefile), and this script creates the extension in its database.
 #
-# The sizes below finish in about three quarters of an hour on two cores:
+# The sizes below finish in about fifty minutes on two cores:
 # the long transaction's phases take eight minutes, the soak BENCH_SOAK
 # (default 10m; BENCH_SOAK=30m for the soak of the report), building the
 # ten-million-row tables of views (about ten minutes) and of claim-depth a
@@ -82,8 +82,11 @@ for round in 1 2 3; do
 done
 # Pickup and database CPU per row, alternating with River's in three rounds;
 # pgworker also at River's trade, its claims held back for as long as River's
-# default fetch cooldown (100 ms).
+# default fetch cooldown (100 ms). The bare LISTEN/NOTIFY queue runs in the
+# same rounds at the same rates: what the database itself costs a pickup and
+# a row.
 for round in 1 2 3; do
+	pgworker bench notify --rate 50 --duration 10s --json
 	pgworker bench latency --rows 500 --rate 50 --slots 100 --json
 	pgworker bench latency --rows 500 --rate 50 --slots 100 --claim-cooldown 100ms --json
 	if [ -n "$peers" ]; then
@@ -91,6 +94,7 @@ for round in 1 2 3; do
 		river latency --rows 500 --rate 50 --slots 100 --tuned --json
 	fi
 	for rate in 200 1000; do
+		pgworker bench notify --rate "$rate" --duration 10s --json
 		pgworker bench cpu --rate "$rate" --duration 10s --slots 100 --json
 		pgworker bench cpu --rate "$rate" --duration 10s --slots 100 --claim-cooldown 100ms --json
 		if [ -n "$peers" ]; then
