@@ -8,6 +8,11 @@
 // every doorbell after each (re)connect, since notifications sent while it was
 // away are lost.
 //
+// A process that will look for work at a known time anyway (a claim cooldown)
+// can let the listener stop listening until then with Quiet: the server wakes
+// every listening session of a database for each notification, whatever its
+// channel, and a quiet one costs it nothing.
+//
 // A doorbell is a channel of capacity one: a busy subscriber misses nothing
 // (one ring waits for it), and a slow one never blocks the others.
 //
@@ -76,8 +81,12 @@ const (
 	ChannelControl = "files_control"
 )
 
-// sqlListen subscribes the session to both channels in one round trip.
-const sqlListen = "LISTEN files_pending; LISTEN files_control"
+// sqlListen subscribes the session to both channels in one round trip;
+// sqlUnlisten ends both, so that the server stops waking the session.
+const (
+	sqlListen   = "LISTEN files_pending; LISTEN files_control"
+	sqlUnlisten = "UNLISTEN *"
+)
 
 // sqlStateReadOnly is what a standby answers to LISTEN ("cannot execute LISTEN
 // during recovery").
@@ -132,6 +141,7 @@ type Stats struct {
 	Notifications uint64 // notifications received
 	Malformed     uint64 // control messages that were not JSON of the form of Control, ignored
 	Pings         uint64 // health checks of the idle connection
+	Quiets        uint64 // spells without listening, asked for with Quiet
 }
 
 // Listener owns the process's LISTEN connection. Create it with New and run it
@@ -157,6 +167,14 @@ type Listener struct {
 	notifications atomic.Uint64
 	malformed     atomic.Uint64
 	pings         atomic.Uint64
+	quiets        atomic.Uint64
+
+	// Quiet's request, and how to wake the session waiting for a
+	// notification so that it sees one.
+	qmu        sync.Mutex
+	quietUntil time.Time // zero: none asked for
+	interrupt  func()    // ends the session's wait; nil when it is not waiting
+	listening  bool      // a session is up and will see a request
 
 	// Outage bookkeeping, touched by the Listen goroutine only.
 	dropErr   error     // why the last healthy session ended
@@ -237,6 +255,7 @@ type Subscription struct {
 	l      *Listener
 	queues []string // nil: every queue
 	bell   chan struct{}
+	quiet  time.Time // until when it needs no ring (Quiet), under l.mu
 }
 
 // Subscribe returns a doorbell rung when one of queues has claimable rows (no
@@ -262,6 +281,48 @@ func (s *Subscription) Ring() {
 	case s.bell <- struct{}{}:
 	default:
 	}
+}
+
+// Quiet tells the listener that this subscriber needs no ring until until:
+// it will look for work then anyway (a claim cooldown). Once every
+// subscription has said so for a time still ahead, the listener stops
+// listening, and the server stops waking its session for each notification
+// (it wakes every listening session of the database, whatever the channel).
+// At the soonest of those times the listener listens again and rings every
+// doorbell. Notifications sent meanwhile are lost, files_control's too, and
+// the OnConnect hooks do not run for it.
+//
+// Quiet reports whether the listener is quiet now, so that this doorbell
+// rings by until; when it reports false (another subscriber still listens,
+// or no session is up) the caller waits on its own. A time not ahead
+// withdraws the request, and a quiet listener listens again at once.
+func (s *Subscription) Quiet(until time.Time) bool {
+	l := s.l
+	now := time.Now()
+	if !until.After(now) {
+		l.mu.Lock()
+		s.quiet = time.Time{}
+		l.mu.Unlock()
+		if !l.quietAsked().IsZero() {
+			l.goQuiet(now)
+		}
+		return false
+	}
+	l.mu.Lock()
+	s.quiet = until
+	end := until
+	for _, x := range l.subs {
+		if !x.quiet.After(now) {
+			l.mu.Unlock()
+			return false
+		}
+		if x.quiet.Before(end) {
+			end = x.quiet
+		}
+	}
+	listed := slices.Contains(l.subs, s)
+	l.mu.Unlock()
+	return listed && l.goQuiet(end)
 }
 
 // Close stops the rings. It is safe to call more than once.
@@ -359,7 +420,100 @@ func (l *Listener) Stats() Stats {
 		Notifications: l.notifications.Load(),
 		Malformed:     l.malformed.Load(),
 		Pings:         l.pings.Load(),
+		Quiets:        l.quiets.Load(),
 	}
+}
+
+// goQuiet asks the session for a quiet spell that ends at until (a new
+// end for one under way), and reports whether a session will see it.
+func (l *Listener) goQuiet(until time.Time) bool {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	if !l.listening {
+		return false
+	}
+	l.quietUntil = until
+	if l.interrupt != nil {
+		l.interrupt()
+	}
+	return true
+}
+
+// waitArmed lets Quiet end the session's wait through stop (nil once the
+// wait is over), or ends it at once when a request is already there.
+func (l *Listener) waitArmed(stop func()) {
+	l.qmu.Lock()
+	l.interrupt = stop
+	asked := !l.quietUntil.IsZero()
+	l.qmu.Unlock()
+	if asked && stop != nil {
+		stop()
+	}
+}
+
+// quietAsked returns the end of the quiet spell asked for, zero for none.
+func (l *Listener) quietAsked() time.Time {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	return l.quietUntil
+}
+
+// setListening tells Quiet whether a session will see its request.
+func (l *Listener) setListening(on bool) {
+	l.qmu.Lock()
+	defer l.qmu.Unlock()
+	l.listening, l.interrupt = on, nil
+	if !on {
+		l.quietUntil = time.Time{} // the next session listens and rings anyway
+	}
+}
+
+// quiet runs one quiet spell on conn: UNLISTEN, wait for the end asked for
+// (which may move meanwhile), LISTEN again and ring every doorbell.
+func (l *Listener) quiet(ctx context.Context, conn *pgconn.PgConn) error {
+	uctx, cancel := context.WithTimeout(ctx, l.pingTimeout)
+	_, err := conn.Exec(uctx, sqlUnlisten).ReadAll()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("unlisten: %w", err)
+	}
+	l.quiets.Add(1)
+	// A new end asked for meanwhile wakes the wait.
+	moved := make(chan struct{}, 1)
+	l.waitArmed(func() {
+		select {
+		case moved <- struct{}{}:
+		default:
+		}
+	})
+	defer l.waitArmed(nil)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		l.qmu.Lock()
+		until := l.quietUntil
+		if !time.Now().Before(until) {
+			l.quietUntil = time.Time{}
+			l.qmu.Unlock()
+			break
+		}
+		l.qmu.Unlock()
+		timer.Reset(time.Until(until))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case <-moved:
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, l.pingTimeout)
+	_, err = conn.Exec(lctx, sqlListen).ReadAll()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("listen after a quiet spell: %w", err)
+	}
+	l.RingAll()
+	return nil
 }
 
 // Listen connects, listens and dispatches notifications until ctx ends, then
@@ -462,6 +616,8 @@ func (l *Listener) session(ctx context.Context) (up bool, err error) {
 	}
 	l.connected.Store(true)
 	l.connects.Add(1)
+	l.setListening(true)
+	defer l.setListening(false)
 	l.reportUp()
 	// Whatever was sent while we were away is lost: everyone looks once.
 	l.RingAll()
@@ -473,14 +629,24 @@ func (l *Listener) session(ctx context.Context) (up bool, err error) {
 	}
 
 	for {
+		if !l.quietAsked().IsZero() {
+			if err := l.quiet(ctx, conn); err != nil || ctx.Err() != nil {
+				return true, err
+			}
+			continue
+		}
 		wctx, cancel := context.WithTimeout(ctx, l.pingInterval)
+		l.waitArmed(cancel)
 		err := conn.WaitForNotification(wctx)
+		l.waitArmed(nil)
 		cancel()
 		switch {
 		case err == nil:
 			continue // dispatched by onNotification
 		case ctx.Err() != nil:
 			return true, nil
+		case !l.quietAsked().IsZero() && !conn.IsClosed():
+			continue // ended by Quiet (as a cancelled wait): no ping needed
 		case !pgconn.Timeout(err) || conn.IsClosed():
 			return true, fmt.Errorf("wait for notification: %w", err)
 		}

@@ -347,3 +347,76 @@ func TestOnConnectAfterEveryReconnect(t *testing.T) {
 		}
 	}
 }
+
+// A quiet listener hears nothing: a notification sent while it is quiet is
+// lost, and when the spell ends (here because its subscriber withdrew the
+// request) it listens again and rings every doorbell. It goes quiet only
+// once every subscriber asked, and never without a session.
+func TestQuiet(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := newListener(t, &listener.Config{URL: url, PingInterval: time.Hour})
+	idle := newListener(t, &listener.Config{URL: url}).Subscribe()
+	defer idle.Close()
+	if idle.Quiet(time.Now().Add(time.Hour)) {
+		t.Fatal("Quiet before Listen: true, want false")
+	}
+	a := l.Subscribe()
+	defer a.Close()
+	b := l.Subscribe("q")
+	defer b.Close()
+	run(t, l)
+	ring(t, a, "connect")
+	ring(t, b, "connect")
+
+	if b.Quiet(time.Now().Add(patience)) {
+		t.Fatal("Quiet while a still listens: true, want false")
+	}
+	if !a.Quiet(time.Now().Add(patience)) {
+		t.Fatal("Quiet of the last subscriber: false")
+	}
+	waitFor(t, "the quiet spell", func() bool { return l.Stats().Quiets == 1 })
+	heard := l.Stats().Notifications
+	notify(t, pool, listener.ChannelPending, "q")
+	notify(t, pool, listener.ChannelControl, `{"op":"cancel","file_id":1,"worker_id":"n:1:0"}`)
+	if a.Quiet(time.Now()) {
+		t.Fatal("a withdrawn request: true, want false")
+	}
+	ring(t, a, "the end of the spell")
+	ring(t, b, "the end of the spell")
+	if s := l.Stats(); s.Notifications != heard || s.Quiets != 1 || !s.Connected || s.Connects != 1 {
+		t.Fatalf("after the spell: %+v, want %d notifications (those sent while quiet are lost)", s, heard)
+	}
+
+	// Listening again, though b still asks to be left alone.
+	notify(t, pool, listener.ChannelPending, "q")
+	ring(t, b, "a notification after the spell")
+	if n := l.Stats().Notifications; n != heard+1 {
+		t.Fatalf("notifications after the spell: %d, want %d", n, heard+1)
+	}
+}
+
+// A session lost during a quiet spell is found out when the spell ends: the
+// LISTEN fails, and the listener connects again and rings every doorbell.
+func TestQuietSessionLost(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l := newListener(t, &listener.Config{URL: url, BackoffMin: 10 * time.Millisecond, PingInterval: time.Hour})
+	sub := l.Subscribe()
+	defer sub.Close()
+	run(t, l)
+	ring(t, sub, "connect")
+
+	if !sub.Quiet(time.Now().Add(patience)) {
+		t.Fatal("Quiet while listening: false")
+	}
+	waitFor(t, "the quiet spell", func() bool { return l.Stats().Quiets == 1 })
+	terminateListener(t, pool)
+	sub.Quiet(time.Now())
+	ring(t, sub, "the reconnect")
+	if s := l.Stats(); s.Connects != 2 || s.Failures != 1 || !s.Connected {
+		t.Fatalf("after the spell on a lost session: %+v", s)
+	}
+}
