@@ -75,6 +75,11 @@ const (
 // query behind it.
 const minAsk = 2
 
+// minQuiet is the shortest rest of a cooldown for which the claimer asks
+// Config.Quiet to stop listening: a shorter one costs the LISTEN session more
+// (UNLISTEN, then LISTEN) than the notifications it would spare.
+const minQuiet = 10 * time.Millisecond
+
 // maxWakeTimes bounds how many retry times a Claimer remembers; the safety net
 // covers the others.
 const maxWakeTimes = 1024
@@ -137,6 +142,13 @@ type Config struct {
 	// while rows trickle in. Defaults to 0: every doorbell is answered at once.
 	Cooldown time.Duration
 
+	// Quiet, when set, is asked to ring Doorbell at the end of a cooldown
+	// instead of each time a row comes meanwhile (a listener's Quiet: the
+	// server stops waking the process's LISTEN session until then). It
+	// returns false when it cannot; the claimer then waits on its own.
+	// Defaults to none.
+	Quiet func(until time.Time) bool
+
 	// BackoffMin is the first delay after a failed claim; it doubles up to
 	// BackoffMax, with jitter. Defaults to 100ms.
 	BackoffMin time.Duration
@@ -171,6 +183,7 @@ type Claimer struct {
 	doorbell   <-chan struct{}
 	safetyNet  time.Duration
 	cooldown   time.Duration
+	quiet      func(until time.Time) bool
 	backoffMin time.Duration
 	backoffMax time.Duration
 	logger     *slog.Logger
@@ -206,6 +219,7 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 		doorbell:    cfg.Doorbell,
 		safetyNet:   retry.OrDefault(cfg.SafetyNet, 30*time.Second),
 		cooldown:    max(cfg.Cooldown, 0),
+		quiet:       cfg.Quiet,
 		backoffMin:  retry.OrDefault(cfg.BackoffMin, 100*time.Millisecond),
 		backoffMax:  retry.OrDefault(cfg.BackoffMax, 5*time.Second),
 		logger:      cfg.Logger,
@@ -353,7 +367,8 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 	defer timer.Stop()
 	races, failures := 0, 0
 	var downSince, lastStart time.Time
-	followUp := true // the claim at start is not held back
+	var heldBack time.Time // the lastStart of the claim after which one was held back
+	followUp := true       // the claim at start is not held back
 
 	for {
 		for !pending || c.idleCount() == 0 {
@@ -377,7 +392,16 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		if wait := c.cooldown - time.Since(lastStart); wait > 0 && !followUp {
 			// The doorbells that ring meanwhile are answered by the claim
 			// after it. Slots may have been removed meanwhile: look again.
-			c.deferred.Add(1)
+			if heldBack != lastStart {
+				heldBack = lastStart
+				c.deferred.Add(1)
+			}
+			// Long enough to be worth two statements on the LISTEN session:
+			// let it stop listening and ring when the cooldown ends.
+			if wait >= minQuiet && c.quiet != nil && c.quiet(lastStart.Add(c.cooldown)) {
+				pending = false
+				continue
+			}
 			if !retry.Sleep(ctx, wait) {
 				return nil
 			}

@@ -61,3 +61,79 @@ func TestRunCooldownSparesTheFollowUp(t *testing.T) {
 		t.Fatalf("stats: %+v", s)
 	}
 }
+
+// With Quiet, a doorbell within the cooldown asks the listener to stop
+// listening until the cooldown ends, and the claimer waits for the ring
+// that ends the spell instead of sleeping: a ring meanwhile asks again, and
+// the held-back claim is counted once.
+func TestRunCooldownAsksForQuiet(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	bell := make(chan struct{}, 1)
+	asked := make(chan time.Time, 8)
+	c := claim.New(pool, &claim.Config{
+		Idle: []string{"n:1:0", "n:1:1"}, Doorbell: bell, SafetyNet: time.Hour, Cooldown: time.Hour,
+		Quiet: func(until time.Time) bool { asked <- until; return true },
+	})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	insert(t, pool, 1, "default")
+	bell <- struct{}{}
+	until := quietAsked(t, asked)
+	if d := time.Until(until); d > time.Hour || d < 50*time.Minute {
+		t.Fatalf("quiet asked until %s from now, want the end of the cooldown of an hour", d)
+	}
+	bell <- struct{}{} // a ring during the spell, as a reconnect would give
+	if again := quietAsked(t, asked); !again.Equal(until) {
+		t.Fatalf("asked again until %v, want %v", again, until)
+	}
+	if s := c.Stats(); s.Claims != 1 || s.Deferred != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// The ring that ends a quiet spell brings the claim held back.
+func TestRunCooldownClaimsAfterQuiet(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	bell := make(chan struct{}, 1)
+	asked := make(chan time.Time, 8)
+	c := claim.New(pool, &claim.Config{
+		Idle: []string{"n:1:0", "n:1:1"}, Doorbell: bell, SafetyNet: time.Hour, Cooldown: 100 * time.Millisecond,
+		Quiet: func(until time.Time) bool { asked <- until; return true },
+	})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	insert(t, pool, 1, "default")
+	bell <- struct{}{}
+	// On a slow machine the cooldown may be over before the ring is seen:
+	// then the row is claimed at once, without a spell.
+	select {
+	case until := <-asked:
+		time.Sleep(time.Until(until))
+		bell <- struct{}{} // as the listener rings when the spell ends
+	case r := <-col.got:
+		col.got <- r
+	case <-time.After(patience):
+		t.Fatal("neither a spell nor a claim")
+	}
+	col.next(t, "the row announced during the cooldown")
+	if s := c.Stats(); s.Claims != 2 || s.Rows != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+func quietAsked(t *testing.T, asked <-chan time.Time) time.Time {
+	t.Helper()
+	select {
+	case until := <-asked:
+		return until
+	case <-time.After(patience):
+		t.Fatal("Quiet not asked")
+		return time.Time{}
+	}
+}
