@@ -197,6 +197,7 @@ func (m *Metrics) stats() (s worker.Stats, listening bool) {
 		s.Reaped += x.Reaped
 		s.Pruned += x.Pruned
 		s.ListenerReconnects += x.ListenerReconnects
+		s.ListenerQuiets += x.ListenerQuiets
 		s.BusySlots += x.BusySlots
 		s.IdleSlots += x.IdleSlots
 		listening = listening && x.Listening
@@ -229,6 +230,7 @@ var (
 	descPruned           = desc("pruned_rows_total", "Finished rows past their retention that this process's files.prune deleted.")
 	descListenerUp       = desc("listener_up", "1 while the LISTEN connection is up.")
 	descListenReconnects = desc("listener_reconnects_total", "Times the LISTEN connection was re-established.")
+	descListenQuiets     = desc("listener_quiets_total", "Times the LISTEN connection stopped listening for the rest of a --claim-cooldown.")
 	descPoolConns        = desc("db_pool_connections", "Connections of the process's pool, by state.", "state")
 	descPoolMax          = desc("db_pool_max_connections", "Size of the process's pool.")
 )
@@ -236,7 +238,7 @@ var (
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSlots, descSlotsBusy, descSlotsIdle, descClaims, descRacesLost, descSerialization,
 		descClaimErrors, descSafetyWakes, descClaimsDeferred, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
-		descListenerUp, descListenReconnects, descPoolConns, descPoolMax} {
+		descListenerUp, descListenReconnects, descListenQuiets, descPoolConns, descPoolMax} {
 		ch <- d
 	}
 }
@@ -266,6 +268,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descPruned, s.Pruned)
 	gauge(descListenerUp, boolFloat(listening))
 	counter(descListenReconnects, s.ListenerReconnects)
+	counter(descListenQuiets, s.ListenerQuiets)
 	if c.m.pool != nil {
 		ps := c.m.pool.Stat()
 		gauge(descPoolConns, float64(ps.AcquiredConns()), "acquired")

@@ -151,7 +151,12 @@ type Config struct {
 	// that notifications prompt (claim.Config.Cooldown): rows announced
 	// sooner wait for it and are claimed together. It trades pickup latency
 	// for fewer claims, which matters to a shared database when rows trickle
-	// in to many processes. Defaults to 0: a notification is answered at once.
+	// in to many processes. While it waits, the process's listener stops
+	// listening (listener.Subscription.Quiet) when no other subscriber of it
+	// needs notifications, so that the server stops waking its LISTEN
+	// session for every row; a cancellation sent meanwhile reaches a running
+	// row with the next heartbeat instead of at once. Defaults to 0: a
+	// notification is answered at once.
 	ClaimCooldown time.Duration
 
 	// Listener is a listener shared with other users in the process; the
@@ -226,7 +231,8 @@ type Stats struct {
 	Reaped                uint64 // rows this process's reaps returned to the queue
 	Pruned                uint64 // finished rows this process's prunes deleted
 	ListenerReconnects    uint64
-	Listening             bool // the LISTEN connection is up
+	ListenerQuiets        uint64 // spells without listening for the rest of a ClaimCooldown
+	Listening             bool   // the LISTEN connection is up
 	BusySlots             int
 	IdleSlots             int
 }
@@ -483,6 +489,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		Doorbell:  w.sub.Doorbell(),
 		SafetyNet: w.safetyNet,
 		Cooldown:  w.cooldown,
+		Quiet:     w.sub.Quiet,
 		Logger:    w.logger,
 	})
 	w.mu.Lock() // Stats may read it meanwhile
@@ -680,7 +687,7 @@ func (w *Worker) Stats() Stats {
 	}
 	if l != nil {
 		ls := l.Stats()
-		s.ListenerReconnects, s.Listening = ls.Reconnects, ls.Connected
+		s.ListenerReconnects, s.ListenerQuiets, s.Listening = ls.Reconnects, ls.Quiets, ls.Connected
 	}
 	return s
 }

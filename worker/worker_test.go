@@ -917,3 +917,21 @@ func TestStatsDuringStart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With a claim cooldown, the ring of the listener's connect, which comes
+// within the cooldown of the claim at start, makes the listener stop
+// listening for the rest of the cooldown.
+func TestClaimCooldownQuietsTheListener(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	close(g.open)
+	w := start(t, pool, &worker.Config{Handler: g, Slots: 2, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
+	waitFor(t, "the quiet spell", func() bool {
+		s := w.Stats()
+		return s.ListenerQuiets == 1 && s.ClaimsDeferred == 1
+	})
+	if s := w.Stats(); s.Claims != 1 || !s.Listening {
+		t.Fatalf("stats: %+v", s)
+	}
+}
