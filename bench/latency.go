@@ -51,7 +51,7 @@ type LatencyResult struct {
 	// subscriber of the worker's listener and a tracer on its pool): the
 	// insert's commit returned → the notification reached the listener
 	// (negative when it came first) → the claim query was sent → its answer
-	// came back → the handler started.
+	// came back → the handler started. Not traced with a claim cooldown.
 	Steps *LatencySteps `json:"steps,omitempty"`
 	// Claims is the number of claim queries the worker sent meanwhile.
 	Claims uint64 `json:"claims"`
@@ -82,9 +82,14 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		defer listening.Wait()
 		defer stopListen()
 		// Subscribed before the worker: rung first on each notification.
-		sub := l.Subscribe(Queue)
-		defer sub.Close()
-		listening.Go(func() { tr.notifications(lctx, sub.Doorbell()) })
+		// Not with a claim cooldown: a subscriber that never goes quiet
+		// would keep the worker's listener listening through it.
+		traced := c.ClaimCooldown == 0
+		if traced {
+			sub := l.Subscribe(Queue)
+			defer sub.Close()
+			listening.Go(func() { tr.notifications(lctx, sub.Doorbell()) })
+		}
 		listening.Go(func() { _ = l.Listen(lctx) })
 		w, err := b.startWorker(ctx, pool, "latency", worker.Config{
 			Handler: starts, Slots: c.Slots, Listener: l, ClaimCooldown: c.ClaimCooldown,
@@ -121,7 +126,9 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		}
 		res.Percentiles = percentiles(fromCommit)
 		res.FromSend = percentiles(fromSend)
-		res.Steps = tr.steps(ins, starts, latencyWarmup)
+		if traced {
+			res.Steps = tr.steps(ins, starts, latencyWarmup)
+		}
 		return nil
 	})
 	if err != nil {
