@@ -189,7 +189,8 @@ func (f *runFlags) add(fs *flagSet) {
 	fs.DurationVar(&f.leaseTimeout, "lease-timeout", worker.DefaultLeaseTimeout, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
 	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
 	fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "least time between two claims of this process that notifications prompt: rows announced sooner are claimed together when it ends. "+
-		"Fewer claims for the database when rows trickle in to many nodes, for up to this much longer pickup (e.g. 100ms; default 0: at once)")
+		"Fewer claims for the database when rows trickle in to many nodes, for up to this much longer pickup; the node stops listening meanwhile, "+
+		"so a cancellation reaches a running row with the next heartbeat (e.g. 100ms; default 0: at once)")
 	fs.env("claim-cooldown", "PGWORKER_CLAIM_COOLDOWN")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "after SIGTERM, how long running rows may take to finish before they are stopped and handed back")
 	fs.env("drain-timeout", "PGWORKER_DRAIN_TIMEOUT")
