@@ -208,7 +208,7 @@ func TestCPU(t *testing.T) {
 	}
 }
 
-// Notify's four phases each insert their rows, and the bare queue claims
+// Notify's five phases each insert their rows, and the bare queue claims
 // every row of its phase and times each pickup; the scratch schema and the
 // rows of files.files go at the end.
 func TestNotify(t *testing.T) {
@@ -234,7 +234,7 @@ func TestNotify(t *testing.T) {
 			t.Errorf("phase %s: pickup %+v, claim %+v", p.Name, *p.Pickup, *p.Claim)
 		}
 	}
-	if want := []string{bench.PhaseInsert, bench.PhaseNotify, bench.PhaseQueue, bench.PhaseEnqueue}; !slices.Equal(names, want) {
+	if want := []string{bench.PhaseInsert, bench.PhaseNotify, bench.PhaseListen, bench.PhaseQueue, bench.PhaseEnqueue}; !slices.Equal(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgworker_bench_skiplocked'"); n != 0 {

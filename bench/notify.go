@@ -36,7 +36,8 @@ RETURNING f.id, f.source`
 // The phases of Notify, in the order they run.
 const (
 	PhaseInsert  = "insert"  // the bare insert
-	PhaseNotify  = "notify"  // the insert and a notification, one session listening
+	PhaseNotify  = "notify"  // the insert and a notification, no session listening
+	PhaseListen  = "listen"  // the same, one session listening
 	PhaseQueue   = "queue"   // the bare queue: the same, and each notification answered by a claim
 	PhaseEnqueue = "enqueue" // pgworker's own insert into files.files, a session listening on files_pending
 )
@@ -91,10 +92,10 @@ type NotifyPhase struct {
 
 // Notify measures what a LISTEN/NOTIFY queue costs the database with no
 // queue software, on the table of SkipLocked (created in a schema of its
-// own and dropped at the end). Four phases each insert cfg.Rate rows per
+// own and dropped at the end). Five phases each insert cfg.Rate rows per
 // second, one per transaction, for cfg.Duration: the bare insert; the
-// insert with a notification in the same statement, one session listening;
-// the bare queue, where that session's notifications are answered at once
+// insert with a notification in the same statement, first with no session
+// listening, then with one; the bare queue, where that session's notifications are answered at once
 // by a bare claim (FOR UPDATE SKIP LOCKED) and a completion, which times
 // the pickup a queue on this database can approach; and pgworker's own
 // insert into files.files, its trigger and a session listening on
@@ -134,7 +135,7 @@ func (b *Bench) Notify(ctx context.Context, cfg *NotifyConfig) (*NotifyResult, e
 		defer inserters.Close()
 		n := max(int(c.Rate*c.Duration.Seconds()), 1)
 		r := &notifyRun{b: b, c: &c, server: server, inserters: inserters, rows: n}
-		for _, phase := range []string{PhaseInsert, PhaseNotify, PhaseQueue, PhaseEnqueue} {
+		for _, phase := range []string{PhaseInsert, PhaseNotify, PhaseListen, PhaseQueue, PhaseEnqueue} {
 			p, err := r.phase(ctx, phase)
 			if err != nil {
 				return fmt.Errorf("bench: phase %s: %w", phase, err)
@@ -166,6 +167,8 @@ func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error
 	switch name {
 	case PhaseInsert:
 		insert, listen = sqlBareInsert, ""
+	case PhaseNotify:
+		listen = ""
 	case PhaseEnqueue:
 		insert, listen = sqlInsertOne, sqlListenPending
 	}

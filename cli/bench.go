@@ -157,13 +157,14 @@ xacts_per_row, statements. --claim-cooldown gives the worker pgworker run's
 		help: `
 Measures what a queue driven by LISTEN/NOTIFY costs the database with no
 queue software, on the table of bench skiplocked (in a schema of its own,
-dropped at the end). Four phases each insert rows one per transaction at
+dropped at the end). Five phases each insert rows one per transaction at
 --rate per second for --duration, on four connections, after five warm-up
 rows:
 
   insert   the bare insert
-  notify   the insert with a NOTIFY in the same statement, one session
+  notify   the insert with a NOTIFY in the same statement, no session
            listening
+  listen   the same, one session listening
   queue    the same, each notification answered at once by a bare claim
            (UPDATE ... FOR UPDATE SKIP LOCKED, committed asynchronously)
            and a completion: the least a queue with an immediate pickup
