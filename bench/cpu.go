@@ -154,7 +154,8 @@ func (b *Bench) CPU(ctx context.Context, cfg *CPUConfig) (*CPUResult, error) {
 			if _, err := conn.Exec(ctx, sqlResume, Queue); err != nil {
 				return fmt.Errorf("bench: resume queue %s: %w", Queue, err)
 			}
-		} else if err := insertAtRate(ctx, inserters, c.Rows, c.Rate); err != nil {
+		} else if err := insertAtRate(ctx, inserters, c.Rows, c.Rate, sqlInsertOne,
+			func(i int) string { return "cpu/" + strconv.Itoa(i) }, nil); err != nil {
 			return err
 		}
 		if err := outcomes.wait(ctx, uint64(c.Rows)); err != nil {
@@ -183,10 +184,12 @@ func (b *Bench) CPU(ctx context.Context, cfg *CPUConfig) (*CPUResult, error) {
 // own, so that a commit's flush does not hold back the next row.
 const producers = 4
 
-// insertAtRate inserts n rows, one per transaction, the i-th at i/rate
-// seconds from now (or at once when late: the schedule does not drift), on
-// producers connections of pool.
-func insertAtRate(ctx context.Context, pool *pgxpool.Pool, n int, rate float64) error {
+// insertAtRate inserts n rows with stmt (its arguments Queue and the row's
+// source), one per transaction, the i-th at i/rate seconds from now (or at
+// once when late: the schedule does not drift), on producers connections of
+// pool; committed, when not nil, is told of each commit.
+func insertAtRate(ctx context.Context, pool *pgxpool.Pool, n int, rate float64, stmt string,
+	source func(i int) string, committed func(i int)) error {
 	start := time.Now()
 	errs := make([]error, producers)
 	var wg sync.WaitGroup
@@ -200,9 +203,12 @@ func insertAtRate(ctx context.Context, pool *pgxpool.Pool, n int, rate float64) 
 						return
 					}
 				}
-				if err := pool.QueryRow(ctx, sqlInsertOne, Queue, "cpu/"+strconv.Itoa(i)).Scan(&id); err != nil {
+				if err := pool.QueryRow(ctx, stmt, Queue, source(i)).Scan(&id); err != nil {
 					errs[p] = fmt.Errorf("bench: insert: %w", explain(err))
 					return
+				}
+				if committed != nil {
+					committed(i)
 				}
 			}
 		})

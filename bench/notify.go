@@ -31,6 +31,7 @@ WHERE f.id IN (SELECT id FROM ` + skipSchema + `.files WHERE state = 'pending' A
   AND set_config('synchronous_commit', 'off', true) IS NOT NULL
 RETURNING f.id, f.source`
 	sqlListenPending = `LISTEN files_pending`
+	sqlBareTruncate  = `TRUNCATE ` + skipSchema + `.files`
 )
 
 // The phases of Notify, in the order they run.
@@ -116,17 +117,10 @@ func (b *Bench) Notify(ctx context.Context, cfg *NotifyConfig) (*NotifyResult, e
 		if err != nil {
 			return err
 		}
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			if _, derr := b.pool.Exec(cctx, sqlSkipDrop); derr != nil {
-				err = errors.Join(err, fmt.Errorf("bench: drop schema %s: %w", skipSchema, derr))
-			}
-		}()
-		for _, stmt := range []string{sqlSkipDrop, sqlSkipSchema, sqlSkipTable, sqlSkipIndex} {
-			if _, err := b.pool.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("bench: %s: %w", stmt, explain(err))
-			}
+		drop, err := b.bareTable(ctx)
+		defer func() { err = errors.Join(err, drop()) }()
+		if err != nil {
+			return err
 		}
 		inserters, err := b.workerPool(ctx, producers, nil)
 		if err != nil {
@@ -171,6 +165,11 @@ func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error
 		listen = ""
 	case PhaseEnqueue:
 		insert, listen = sqlInsertOne, sqlListenPending
+	}
+	// Each phase starts on an empty table: the bare queue would take the
+	// rows of the phases before it first.
+	if _, err := r.inserters.Exec(ctx, sqlBareTruncate); err != nil {
+		return nil, err
 	}
 	tr := newBareTrace()
 	if listen != "" {
@@ -243,38 +242,15 @@ func (r *notifyRun) reading(ctx context.Context) (string, time.Duration, error) 
 	return lsn, cpu, err
 }
 
-// insertAtRate inserts n rows with stmt, one per transaction, the i-th at
-// i/rate seconds from now, spread over the producers' connections as CPU's
-// inserts are, noting when each commit returned.
+// insertAtRate inserts the next n rows with stmt as CPU's inserts are,
+// noting when each commit returned; their sources number them over every
+// phase, so that a notification and a claim name their row.
 func (r *notifyRun) insertAtRate(ctx context.Context, stmt string, n int, tr *bareTrace) error {
-	rate := r.c.Rate
 	first := r.next
 	r.next += n
 	tr.grow(r.next)
-	start := time.Now()
-	errs := make([]error, producers)
-	var wg sync.WaitGroup
-	for p := range producers {
-		wg.Go(func() {
-			var id int64
-			for i := p; i < n; i += producers {
-				if d := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
-					if err := sleep(ctx, d); err != nil {
-						errs[p] = err
-						return
-					}
-				}
-				seq := first + i
-				if err := r.inserters.QueryRow(ctx, stmt, Queue, "notify/"+strconv.Itoa(seq)).Scan(&id); err != nil {
-					errs[p] = fmt.Errorf("insert: %w", explain(err))
-					return
-				}
-				tr.committed(seq)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return insertAtRate(ctx, r.inserters, n, r.c.Rate, stmt,
+		func(i int) string { return "notify/" + strconv.Itoa(first+i) }, func(i int) { tr.committed(first + i) })
 }
 
 // bareTrace times each row of the bare queue: its insert's commit, its
@@ -366,9 +342,22 @@ func (t *bareTrace) serve(ctx context.Context, conn *pgx.Conn, bell <-chan struc
 	}
 }
 
-// complete marks the claimed rows done, a claim's rows in one statement.
+// complete marks the claimed rows done: those of every claim that waits
+// for it in one statement, as pgworker run's recorder does with outcomes.
 func (t *bareTrace) complete(ctx context.Context, conn *pgx.Conn, claimed <-chan []int64) {
 	for ids := range claimed {
+	waiting:
+		for {
+			select {
+			case more, ok := <-claimed:
+				if !ok {
+					break waiting
+				}
+				ids = append(ids, more...)
+			default:
+				break waiting
+			}
+		}
 		if _, err := conn.Exec(ctx, sqlSkipComplete, ids); err != nil {
 			t.fail(ctx, fmt.Errorf("complete: %w", err))
 			return

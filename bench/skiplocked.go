@@ -95,17 +95,10 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 		if c.API {
 			return b.apiLoops(ctx, &c, res)
 		}
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			if _, derr := b.pool.Exec(cctx, sqlSkipDrop); derr != nil {
-				err = errors.Join(err, fmt.Errorf("bench: drop schema %s: %w", skipSchema, derr))
-			}
-		}()
-		for _, stmt := range []string{sqlSkipDrop, sqlSkipSchema, sqlSkipTable, sqlSkipIndex} {
-			if _, err := b.pool.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("bench: %s: %w", stmt, explain(err))
-			}
+		drop, err := b.bareTable(ctx)
+		defer func() { err = errors.Join(err, drop()) }()
+		if err != nil {
+			return err
 		}
 		if _, err := b.pool.Exec(ctx, sqlSkipLoad, Queue, c.Rows); err != nil {
 			return fmt.Errorf("bench: load the rows: %w", err)
@@ -140,6 +133,26 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 		return nil, err
 	}
 	return res, nil
+}
+
+// bareTable creates the table of SkipLocked in a schema of its own (a
+// leftover of an earlier run is dropped first); drop drops it, also when
+// the creation failed or ctx was cancelled.
+func (b *Bench) bareTable(ctx context.Context) (drop func() error, err error) {
+	drop = func() error {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if _, err := b.pool.Exec(cctx, sqlSkipDrop); err != nil {
+			return fmt.Errorf("bench: drop schema %s: %w", skipSchema, err)
+		}
+		return nil
+	}
+	for _, stmt := range []string{sqlSkipDrop, sqlSkipSchema, sqlSkipTable, sqlSkipIndex} {
+		if _, err := b.pool.Exec(ctx, stmt); err != nil {
+			return drop, fmt.Errorf("bench: %s: %w", stmt, explain(err))
+		}
+	}
+	return drop, nil
 }
 
 // apiLoops is SkipLocked through the SQL API: cfg.Rows rows of Queue in
