@@ -38,8 +38,8 @@ func TestFailover(t *testing.T) {
 
 	r := newRig(t, &rigConfig{DatabaseURL: multi})
 	r.putInputs(32)
-	for range procs {
-		r.startWorker(workerConfig{})
+	for i := range procs {
+		r.startWorker(fleet(i))
 	}
 	r.enqueue(rows)
 
@@ -83,6 +83,7 @@ func TestFailover(t *testing.T) {
 		fmt.Sprintf("rows done before the crash %d, on the promoted standby %d", doneBefore, doneAfter),
 		fmt.Sprintf("%d live workers with a slot declared dead, %d attempts lost; a reap right after the promotion took back %d rows",
 			len(r.seenDead(r.Procs()...)), r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`), reaped),
+		fleetNote,
 	}, r.orphanNote()...)
 	tally := r.record(5, "failover: primary killed (`stop -m immediate`), synchronous standby promoted; multi-host `--database-url`",
 		fmt.Sprintf("1 × failover, no primary for %s", promoted.Sub(at).Round(100*time.Millisecond)), notes...)

@@ -463,11 +463,26 @@ func (r *rig) orphanNote() []string {
 	return []string{fmt.Sprintf("%d claims whose answer the fault lost, released by the next heartbeats (\"not known to its worker\")", n)}
 }
 
-// listening counts the LISTEN connections of pgworker on the database.
+// listening counts the LISTEN connections of pgworker on the database: those
+// that listen, and those quiet for the rest of a claim cooldown.
 func (r *rig) listening(ctx context.Context) (int, error) {
 	return r.Count(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = 'pgworker listener' AND query LIKE 'LISTEN%'`)
+		WHERE datname = current_database() AND application_name = 'pgworker listener'
+		  AND (query LIKE 'LISTEN%' OR query = 'UNLISTEN *')`)
 }
+
+// fleet is the i-th worker of a scenario's fleet: the first claims with a
+// claim cooldown, so that its listener goes quiet between claims through
+// the faults too, as in a fleet that trades pickup for fewer claims.
+func fleet(i int) workerConfig {
+	if i == 0 {
+		return workerConfig{Args: []string{"--claim-cooldown", "100ms"}}
+	}
+	return workerConfig{}
+}
+
+// fleetNote says so in the report.
+const fleetNote = "worker-01 with `--claim-cooldown 100ms` (its listener quiet between claims)"
 
 // tail returns the last n lines of a file.
 func tail(file string, n int) string {

@@ -22,8 +22,8 @@ func TestKill9(t *testing.T) {
 	}
 	r := newRig(t, nil)
 	r.putInputs(32)
-	for range procs {
-		r.startWorker(workerConfig{})
+	for i := range procs {
+		r.startWorker(fleet(i))
 	}
 	r.enqueue(rows)
 
@@ -87,7 +87,7 @@ func TestKill9(t *testing.T) {
 		note += fmt.Sprintf(", %d were completed by the victim's statement in flight at the kill", orphans-lost)
 	}
 	r.record(1, "kill -9 of random `pgworker run` processes, replacements started",
-		fmt.Sprintf("%d × kill -9", kills), note)
+		fmt.Sprintf("%d × kill -9", kills), note, fleetNote)
 }
 
 func skipShort(t *testing.T) {

@@ -70,8 +70,8 @@ func TestPostgresRestart(t *testing.T) {
 	c := privateCluster(t)
 	r := newRig(t, &rigConfig{DatabaseURL: migratedDB(t, c)})
 	r.putInputs(32)
-	for range procs {
-		r.startWorker(workerConfig{})
+	for i := range procs {
+		r.startWorker(fleet(i))
 	}
 	r.enqueue(rows)
 
@@ -133,6 +133,7 @@ func TestPostgresRestart(t *testing.T) {
 		fmt.Sprintf("%d live workers with a slot declared dead, %d attempts lost; a reap right after each restart took back 0 rows",
 			len(r.seenDead(r.Procs()...)), r.mustCount(`SELECT count(*) FROM files.attempts WHERE outcome = 'lost'`)),
 		fmt.Sprintf("rows enqueued after the restarts claimed %s after the insert (LISTEN again)", wake.Round(time.Millisecond)),
+		fleetNote,
 	}, r.orphanNote()...)
 	tally := r.record(2, "`pg_ctl restart -m immediate` mid-run (private cluster)",
 		fmt.Sprintf("%d × immediate restart, then a %s outage (stop -m immediate, start)", restarts, 2*leaseTimeout), notes...)
