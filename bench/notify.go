@@ -225,7 +225,7 @@ func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error
 	p := &NotifyPhase{Name: name, Rows: r.rows, ElapsedMS: ms(elapsed), RowsPerSec: round(n/elapsed.Seconds(), 1),
 		ServerCPUMSPerRow: round(ms(cpu2-cpu)/n, 4), WALBytesPerRow: round(wal/n, 1)}
 	if name == PhaseQueue {
-		if err := tr.percentiles(p, first, r.next); err != nil {
+		if err := tr.pickups(p, first, r.next); err != nil {
 			return nil, err
 		}
 	}
@@ -364,8 +364,7 @@ func (t *bareTrace) complete(ctx context.Context, conn *pgx.Conn, claimed <-chan
 		}
 		t.mu.Lock()
 		t.done += len(ids)
-		close(t.changed)
-		t.changed = make(chan struct{})
+		t.wakeWaiters()
 		t.mu.Unlock()
 	}
 }
@@ -381,6 +380,11 @@ func (t *bareTrace) fail(ctx context.Context, err error) {
 	if t.err == nil {
 		t.err = err
 	}
+	t.wakeWaiters()
+}
+
+// wakeWaiters tells waitDone that done or err changed; t.mu is held.
+func (t *bareTrace) wakeWaiters() {
 	close(t.changed)
 	t.changed = make(chan struct{})
 }
@@ -451,9 +455,9 @@ func (t *bareTrace) waitDone(ctx context.Context, served bool, n int, timeout ti
 	}
 }
 
-// percentiles sets the queue phase's pickup and its steps, of the rows from
+// pickups sets the queue phase's pickup and its steps, of the rows from
 // first to end.
-func (t *bareTrace) percentiles(p *NotifyPhase, first, end int) error {
+func (t *bareTrace) pickups(p *NotifyPhase, first, end int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var pickup, notify, claim []time.Duration

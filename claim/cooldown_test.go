@@ -68,18 +68,7 @@ func TestRunCooldownSparesTheFollowUp(t *testing.T) {
 // the held-back claim is counted once.
 func TestRunCooldownAsksForQuiet(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.Pool(t)
-	bell := make(chan struct{}, 1)
-	asked := make(chan time.Time, 8)
-	c := claim.New(pool, &claim.Config{
-		Idle: []string{"n:1:0", "n:1:1"}, Doorbell: bell, SafetyNet: time.Hour, Cooldown: time.Hour,
-		Quiet: func(until time.Time) bool { asked <- until; return true },
-	})
-	col := newCollector()
-	run(t, c, col.deliver)
-	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
-
-	insert(t, pool, 1, "default")
+	c, bell, asked, _ := quietClaimer(t, time.Hour)
 	bell <- struct{}{}
 	until := quietAsked(t, asked)
 	if d := time.Until(until); d > time.Hour || d < 50*time.Minute {
@@ -97,18 +86,7 @@ func TestRunCooldownAsksForQuiet(t *testing.T) {
 // The ring that ends a quiet spell brings the claim held back.
 func TestRunCooldownClaimsAfterQuiet(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.Pool(t)
-	bell := make(chan struct{}, 1)
-	asked := make(chan time.Time, 8)
-	c := claim.New(pool, &claim.Config{
-		Idle: []string{"n:1:0", "n:1:1"}, Doorbell: bell, SafetyNet: time.Hour, Cooldown: 100 * time.Millisecond,
-		Quiet: func(until time.Time) bool { asked <- until; return true },
-	})
-	col := newCollector()
-	run(t, c, col.deliver)
-	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
-
-	insert(t, pool, 1, "default")
+	c, bell, asked, col := quietClaimer(t, 100*time.Millisecond)
 	bell <- struct{}{}
 	// On a slow machine the cooldown may be over before the ring is seen:
 	// then the row is claimed at once, without a spell.
@@ -125,6 +103,24 @@ func TestRunCooldownClaimsAfterQuiet(t *testing.T) {
 	if s := c.Stats(); s.Claims != 2 || s.Rows != 1 {
 		t.Fatalf("stats: %+v", s)
 	}
+}
+
+// quietClaimer runs a claimer of two slots with cooldown whose Quiet sends
+// each end asked for to asked and agrees, once it has looked for work at
+// start, with one row inserted since.
+func quietClaimer(t *testing.T, cooldown time.Duration) (c *claim.Claimer, bell chan struct{}, asked chan time.Time, col *collector) {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	bell, asked = make(chan struct{}, 1), make(chan time.Time, 8)
+	c = claim.New(pool, &claim.Config{
+		Idle: []string{"n:1:0", "n:1:1"}, Doorbell: bell, SafetyNet: time.Hour, Cooldown: cooldown,
+		Quiet: func(until time.Time) bool { asked <- until; return true },
+	})
+	col = newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+	insert(t, pool, 1, "default")
+	return c, bell, asked, col
 }
 
 func quietAsked(t *testing.T, asked <-chan time.Time) time.Time {

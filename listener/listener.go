@@ -299,30 +299,26 @@ func (s *Subscription) Ring() {
 func (s *Subscription) Quiet(until time.Time) bool {
 	l := s.l
 	now := time.Now()
-	if !until.After(now) {
-		l.mu.Lock()
-		s.quiet = time.Time{}
-		l.mu.Unlock()
-		if !l.quietAsked().IsZero() {
-			l.goQuiet(now)
-		}
-		return false
-	}
 	l.mu.Lock()
 	s.quiet = until
-	end := until
+	end, all := until, slices.Contains(l.subs, s)
 	for _, x := range l.subs {
 		if !x.quiet.After(now) {
-			l.mu.Unlock()
-			return false
+			all = false
+			break
 		}
 		if x.quiet.Before(end) {
 			end = x.quiet
 		}
 	}
-	listed := slices.Contains(l.subs, s)
 	l.mu.Unlock()
-	return listed && l.goQuiet(end)
+	switch {
+	case all:
+		return l.goQuiet(end)
+	case !until.After(now) && !l.quietAsked().IsZero():
+		l.goQuiet(now) // withdrawn: listen again at once
+	}
+	return false
 }
 
 // Close stops the rings. It is safe to call more than once.
