@@ -133,3 +133,42 @@ func selfCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// cpuSpan measures the CPU time of the server and of this process from its
+// start; server is nil when the server is not on this machine.
+type cpuSpan struct {
+	server       *serverCPU
+	serverBefore time.Duration
+	selfBefore   time.Duration
+}
+
+// startCPU starts a cpuSpan. A server it cannot read (on another machine, or
+// in another PID namespace) is logged and left out.
+func (b *Bench) startCPU(ctx context.Context) *cpuSpan {
+	s := &cpuSpan{selfBefore: selfCPU()}
+	server, err := b.findServerCPU(ctx)
+	if err == nil {
+		s.serverBefore, err = server.total()
+	}
+	if err != nil {
+		b.logger.Info("bench: the server's CPU is left out", "err", err)
+		return s
+	}
+	s.server = server
+	return s
+}
+
+// perRow is the CPU time since the start, in milliseconds per row, of the
+// server (0 when it is left out) and of this process.
+func (s *cpuSpan) perRow(rows int) (server, self float64) {
+	n := float64(max(rows, 1))
+	self = round(ms(selfCPU()-s.selfBefore)/n, 4)
+	if s.server == nil {
+		return 0, self
+	}
+	after, err := s.server.total()
+	if err != nil {
+		return 0, self
+	}
+	return round(ms(after-s.serverBefore)/n, 4), self
+}

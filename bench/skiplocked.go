@@ -74,6 +74,12 @@ type SkipLockedResult struct {
 	// ElapsedMS runs from the clients' first claim to the last completion.
 	ElapsedMS  float64 `json:"elapsed_ms"`
 	RowsPerSec float64 `json:"rows_per_sec"`
+	// ServerCPUMSPerRow is the CPU time of the server's processes during the
+	// burn-down per row, as bench cpu measures it; ClientCPUMSPerRow the
+	// benchmark's own (its clients). Left out when the server is not on this
+	// machine.
+	ServerCPUMSPerRow float64 `json:"server_cpu_ms_per_row,omitempty"`
+	ClientCPUMSPerRow float64 `json:"client_cpu_ms_per_row,omitempty"`
 }
 
 // SkipLocked measures what the database can do for a queue with no queue
@@ -112,12 +118,14 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 			return err
 		}
 		b.logger.Info("bench: burning down with bare SKIP LOCKED", "rows", c.Rows, "clients", c.Clients, "batch", c.Batch)
+		cpu := b.startCPU(ctx)
 		elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error {
 			return skipLockedLoop(ctx, conn, "client:"+strconv.Itoa(i), c.Batch)
 		})
 		if err != nil {
 			return err
 		}
+		res.ServerCPUMSPerRow, res.ClientCPUMSPerRow = cpu.perRow(c.Rows)
 		var left int64
 		if err := b.pool.QueryRow(ctx, sqlSkipPending).Scan(&left); err != nil {
 			return fmt.Errorf("bench: %w", err)
@@ -177,7 +185,9 @@ func (b *Bench) apiLoops(ctx context.Context, c *SkipLockedConfig, res *SkipLock
 		}
 	}
 	b.logger.Info("bench: burning down through the SQL API", "rows", c.Rows, "clients", c.Clients, "batch", c.Batch)
+	cpu := b.startCPU(ctx)
 	elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error { return apiLoop(ctx, conn, slots[i], key) })
+	res.ServerCPUMSPerRow, res.ClientCPUMSPerRow = cpu.perRow(c.Rows)
 	for _, s := range slots {
 		// Stopped, so that the cleanup deletes them.
 		if _, derr := b.pool.Exec(ctx, sqlAPIDeregister, s, key); derr != nil {

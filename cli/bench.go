@@ -125,7 +125,10 @@ timed), and times --clients connections that each claim --batch rows with
 UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) and mark them done
 with a second UPDATE, one transaction each, until every row is done. No
 history row, no notification, no fencing: the ceiling a queue on this
-database can approach. JSON: rows_per_sec, elapsed_ms.
+database can approach. JSON: rows_per_sec, elapsed_ms, and, when the server
+runs on this machine, server_cpu_ms_per_row (its processes' CPU time over the
+burn-down, per row, as bench cpu reads it) and client_cpu_ms_per_row (this
+process's).
 
 With --api the same loop runs on the rows of files.files through the SQL
 API, as a worker in any language would: files.claim_batch for --batch slots

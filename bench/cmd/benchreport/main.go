@@ -437,7 +437,30 @@ func (rp *report) skipLockedGoal() goal {
 	pct := median(pg) / median(bare) * 100
 	return goal{name, target, fmt.Sprintf("%s vs %s rows/s: %.0f%% (medians of %d and %d runs)",
 		thousands(median(pg)), thousands(median(bare)), math.Floor(pct), len(pg), len(bare)),
-		verdict(pct >= 80, fmt.Sprintf("%.0f%%, %.0f points short", math.Floor(pct), 80-pct))}
+		verdict(pct >= 80, fmt.Sprintf("%.0f%%, %.0f points short", math.Floor(pct), 80-math.Floor(pct))+rp.peakCPUSplit())}
+}
+
+// peakCPUSplit says where a burnt-down row's CPU goes, pgworker's at 2,000
+// slots (bench cpu at peak) against the bare loop's, medians of the runs:
+// on a machine whose cores the database shares with the queue's client, the
+// rows/s follow the sum. Empty when a figure is missing.
+func (rp *report) peakCPUSplit() string {
+	pgServer, pgWorker := rp.cpuFigures("pgworker", 0, "server_cpu_ms_per_row", plain), rp.cpuFigures("pgworker", 0, "worker_cpu_ms_per_row", plain)
+	var bareServer, bareClient []float64
+	for _, r := range rp.all("pgworker", "skiplocked") {
+		if r["api"] != true && r.n("server_cpu_ms_per_row") > 0 {
+			bareServer = append(bareServer, r.n("server_cpu_ms_per_row"))
+			bareClient = append(bareClient, r.n("client_cpu_ms_per_row"))
+		}
+	}
+	if len(pgServer) == 0 || len(pgWorker) == 0 || len(bareServer) == 0 {
+		return ""
+	}
+	ps, pw, bs, bc := median(pgServer), median(pgWorker), median(bareServer), median(bareClient)
+	return fmt.Sprintf(". CPU per row at peak (medians): the database %.4f ms for pgworker against %.4f ms for the bare loop "+
+		"(%.2fx: the history row, the token, the slots' check, the counts and the indexes they keep), the worker process %.4f ms "+
+		"against the bare client's %.4f ms; the machine's cores run both, and the sums predict %.0f%%",
+		ps, bs, ps/bs, pw, bc, (bs+bc)/(ps+pw)*100)
 }
 
 // latencyP50s returns the pickup p50s and p99s of system's latency runs
@@ -899,13 +922,20 @@ func renderSkipLocked(p printer, rp *report) {
 	p("claims) and `files.complete_many`, as a worker in any language would, with no worker\n")
 	p("runtime around them: what the bookkeeping of exactly-once outcomes costs at the same\n")
 	p("batch size (slot keys, tokens, the history row, the queue's counts).\n\n")
-	p("| statements | rows | clients | rows per statement | rows/s | elapsed |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	p("The CPU per row is the server's processes' (as `bench cpu` reads them) and the benchmark's\n")
+	p("own, its clients', over the burn-down.\n\n")
+	p("| statements | rows | clients | rows per statement | rows/s | elapsed | database CPU per row | client CPU per row |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		how := "bare"
 		if r["api"] == true {
 			how = "SQL API"
 		}
-		p("| %s | %s | %g | %g | **%s** | %.2f s |\n", how, thousands(r.n("rows")), r.n("clients"), r.n("batch"), thousands(r.n("rows_per_sec")), r.n("elapsed_ms")/1000)
+		server, client := "—", "—"
+		if r.n("server_cpu_ms_per_row") > 0 {
+			server, client = fmt.Sprintf("%.4f ms", r.n("server_cpu_ms_per_row")), fmt.Sprintf("%.4f ms", r.n("client_cpu_ms_per_row"))
+		}
+		p("| %s | %s | %g | %g | **%s** | %.2f s | %s | %s |\n", how, thousands(r.n("rows")), r.n("clients"), r.n("batch"),
+			thousands(r.n("rows_per_sec")), r.n("elapsed_ms")/1000, server, client)
 	}
 	p("\n")
 }

@@ -44,14 +44,7 @@ not json: a log line
 
 func TestGoals(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "results.jsonl")
-	if err := os.WriteFile(path, []byte(sample), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	rs, err := readResults(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := readSample(t, sample)
 	if len(rs) != 29 {
 		t.Fatalf("read %d results, want 29", len(rs))
 	}
@@ -161,14 +154,7 @@ func TestBoundedGoals(t *testing.T) {
 {"mode":"notify","system":"pgworker","rate":200,"phases":[{"name":"insert","rows_per_sec":200,"server_cpu_ms_per_row":0.5},{"name":"notify","rows_per_sec":200,"server_cpu_ms_per_row":0.75},{"name":"queue","rows_per_sec":200,"server_cpu_ms_per_row":1.5},{"name":"enqueue","rows_per_sec":200,"server_cpu_ms_per_row":0.9}]}
 {"mode":"notify","system":"pgworker","rate":1000,"phases":[{"name":"insert","rows_per_sec":1000,"server_cpu_ms_per_row":0.4},{"name":"notify","rows_per_sec":1000,"server_cpu_ms_per_row":0.5},{"name":"queue","rows_per_sec":1000,"server_cpu_ms_per_row":0.7}]}
 `
-	path := filepath.Join(t.TempDir(), "results.jsonl")
-	if err := os.WriteFile(path, []byte(results), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	rs, err := readResults(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := readSample(t, results)
 	rp := &report{results: rs, date: time.Now()}
 	want := map[string]string{
 		// 3x River is 30,000 rows/s, the bare loop 27,000.
@@ -208,4 +194,43 @@ func TestBoundedGoals(t *testing.T) {
 			t.Errorf("report lacks %q", s)
 		}
 	}
+}
+
+// A missed share of the bare loop says where a row's CPU goes at peak, and
+// what the sums predict.
+func TestSkipLockedGoalSplitsTheCPU(t *testing.T) {
+	t.Parallel()
+	const results = `{"mode":"throughput","system":"pgworker","rows":50000,"slots":2000,"rows_per_sec":15000}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"rows_per_sec":27000,"server_cpu_ms_per_row":0.02,"client_cpu_ms_per_row":0.002}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"api":true,"rows_per_sec":9000,"server_cpu_ms_per_row":0.05,"client_cpu_ms_per_row":0.006}
+{"mode":"cpu","system":"pgworker","rate":0,"rows":50000,"slots":2000,"server_cpu_ms_per_row":0.03,"worker_cpu_ms_per_row":0.008}
+`
+	rs := readSample(t, results)
+	g := (&report{results: rs, date: time.Now()}).skipLockedGoal()
+	for _, want := range []string{"missed: 55%, 25 points short", "the database 0.0300 ms for pgworker against 0.0200 ms for the bare loop (1.50x",
+		"the worker process 0.0080 ms against the bare client's 0.0020 ms", "the sums predict 58%"} {
+		if !strings.Contains(g.verdict, want) {
+			t.Errorf("verdict %q lacks %q", g.verdict, want)
+		}
+	}
+	// Without the CPU figures, the verdict is the share alone.
+	rs = rs[:1:1]
+	rs = append(rs, result{"mode": "skiplocked", "system": "pgworker", "rows_per_sec": 27000.0})
+	if g := (&report{results: rs, date: time.Now()}).skipLockedGoal(); g.verdict != "missed: 55%, 25 points short" {
+		t.Errorf("verdict without CPU figures: %q", g.verdict)
+	}
+}
+
+// readSample reads results as readResults reads a file of them.
+func readSample(t *testing.T, results string) []result {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "results.jsonl")
+	if err := os.WriteFile(path, []byte(results), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := readResults(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }
