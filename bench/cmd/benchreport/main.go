@@ -413,14 +413,18 @@ func (rp *report) throughputGoal(slotCount, times float64) goal {
 }
 
 // bareSkipLocked returns the rows/s of the bare SKIP LOCKED loop's runs.
-func (rp *report) bareSkipLocked() []float64 {
-	var bare []float64
+func (rp *report) bareSkipLocked() []float64 { return rp.bareFigures("rows_per_sec") }
+
+// bareFigures returns key of the bare SKIP LOCKED loop's runs that report it
+// (not those through the SQL API), in run order.
+func (rp *report) bareFigures(key string) []float64 {
+	var out []float64
 	for _, r := range rp.all("pgworker", "skiplocked") {
-		if r["api"] != true {
-			bare = append(bare, r.n("rows_per_sec"))
+		if r["api"] != true && r.n(key) > 0 {
+			out = append(out, r.n(key))
 		}
 	}
-	return bare
+	return out
 }
 
 // skipLockedGoal: the throughput at 2,000 slots at least 80% of the bare
@@ -446,14 +450,8 @@ func (rp *report) skipLockedGoal() goal {
 // rows/s follow the sum. Empty when a figure is missing.
 func (rp *report) peakCPUSplit() string {
 	pgServer, pgWorker := rp.cpuFigures("pgworker", 0, "server_cpu_ms_per_row", plain), rp.cpuFigures("pgworker", 0, "worker_cpu_ms_per_row", plain)
-	var bareServer, bareClient []float64
-	for _, r := range rp.all("pgworker", "skiplocked") {
-		if r["api"] != true && r.n("server_cpu_ms_per_row") > 0 {
-			bareServer = append(bareServer, r.n("server_cpu_ms_per_row"))
-			bareClient = append(bareClient, r.n("client_cpu_ms_per_row"))
-		}
-	}
-	if len(pgServer) == 0 || len(pgWorker) == 0 || len(bareServer) == 0 {
+	bareServer, bareClient := rp.bareFigures("server_cpu_ms_per_row"), rp.bareFigures("client_cpu_ms_per_row")
+	if len(pgServer) == 0 || len(pgWorker) == 0 || len(bareServer) == 0 || len(bareClient) == 0 {
 		return ""
 	}
 	ps, pw, bs, bc := median(pgServer), median(pgWorker), median(bareServer), median(bareClient)
