@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,43 +22,12 @@ import (
 func TestHotPathPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		plans []string
-	)
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		plans = append(plans, n.Message)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-
+	conn, plans := explainedConn(t)
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 5000) g")
 	mustExec(t, conn, "ANALYZE files.files")
-	var jit bool
-	if err := conn.QueryRow(ctx, "SELECT pg_jit_available()").Scan(&jit); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{
-		"LOAD 'auto_explain'",
-		"SET auto_explain.log_min_duration = 0",
-		"SET auto_explain.log_nested_statements = on",
-		"SET auto_explain.log_level = notice",
-		"SET jit = on",
-		"SET jit_above_cost = 0",
-		// Whole-range searches first (none is slower than a minute).
-		"SET pgworker.claim_hint_ms = 60000",
-	} {
-		mustExec(t, conn, s)
-	}
+	jit := startExplaining(t, conn)
+	// Whole-range searches first (none is slower than a minute).
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
 
 	// More than five times: PostgreSQL's own choice switches to a generic
 	// plan after five custom ones when it finds it as cheap.
@@ -89,10 +59,8 @@ func TestHotPathPlans(t *testing.T) {
 		t.Errorf("%d done attempts, want 7", done)
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
 	var nested, generic, whole, hinted int
-	for _, p := range plans {
+	for _, p := range plans() {
 		if strings.Contains(p, "/* test */") {
 			continue // the test's own statements, planned under its settings
 		}
@@ -136,4 +104,56 @@ func TestHotPathPlans(t *testing.T) {
 	if !jit {
 		t.Log("this server has no JIT: the JIT half of the test checked nothing")
 	}
+}
+
+// explainedConn is a session on a database of its own, and plans returns
+// what the server has told it so far: after startExplaining, the plan of
+// each statement it runs, those inside functions included.
+func explainedConn(t *testing.T) (conn *pgx.Conn, plans func() []string) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		notes []string
+	)
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notes = append(notes, n.Message)
+	}
+	conn, err = pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(notes)
+	}
+}
+
+// startExplaining makes auto_explain report the plan of every statement of
+// conn as a notice, on a server set to compile every statement with JIT,
+// and returns whether the server has JIT at all.
+func startExplaining(t *testing.T, conn *pgx.Conn) (jit bool) {
+	t.Helper()
+	if err := conn.QueryRow(context.Background(), "SELECT pg_jit_available()").Scan(&jit); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{
+		"LOAD 'auto_explain'",
+		"SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on",
+		"SET auto_explain.log_level = notice",
+		"SET jit = on",
+		"SET jit_above_cost = 0",
+	} {
+		mustExec(t, conn, s)
+	}
+	return jit
 }

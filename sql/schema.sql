@@ -1096,6 +1096,11 @@ DECLARE
     v_bad    text;
     v_key    bytea := sha256(convert_to(claim_batch.key, 'UTF8'));
     v_salt   text := gen_random_uuid()::text;
+    v_start  double precision;
+    v_ms     text;
+    v_bound  double precision;
+    v_set    text;
+    v_one    record;
     r        files.files;
 BEGIN
     IF claim_batch.worker_ids IS NULL OR cardinality(claim_batch.worker_ids) = 0
@@ -1112,10 +1117,87 @@ BEGIN
         PERFORM files.check_queues('files.claim_batch', claim_batch.queues);
     END IF;
 
+    -- The usual claim, in one statement: every slot named is active and has
+    -- this key (or none, and none is given), no queue is capped or shared
+    -- among its batches, and the session keeps no hints (files.pick). The
+    -- statement reads the slots and the queues, searches each queue's whole
+    -- range of files_claim_idx as files.pick does, and claims, the i-th best
+    -- row for the i-th slot; beside the rows it returns whether the claim was
+    -- usual, so that a lost race (no rows) costs no second statement. Each
+    -- statement of a call costs a cold server more than its plan's work:
+    -- this one answers a lone row about 0.1 ms sooner than the three below.
+    -- A claim that is not usual locks nothing here and goes on below.
+    IF coalesce(current_setting('pgworker.claim_hints', true), '') = '' THEN
+        v_start := extract(epoch FROM clock_timestamp());
+        FOR v_one IN
+            WITH slots AS (
+                SELECT array_agg(s.id ORDER BY s.ord) AS ids, array_agg(w.lease_timeout ORDER BY s.ord) AS leases,
+                       bool_and(coalesce(w.state = 'active' AND w.key_hash IS NOT DISTINCT FROM v_key, false)) AS usual
+                FROM (SELECT u.id, min(u.ord) AS ord
+                      FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
+                      GROUP BY u.id) s
+                LEFT JOIN files.workers w ON w.worker_id = s.id
+            ), go AS (
+                SELECT s.usual AND NOT coalesce(q.special, false) AS usual, cardinality(s.ids) AS n, s.ids, s.leases, q.queues
+                FROM slots s, (
+                    SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS queues,
+                           bool_or(q.fair_share OR q.max_running IS NOT NULL) AS special
+                    FROM files.queues q
+                    WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues))
+                ) q
+            ), picked AS (
+                SELECT array_agg(b.id ORDER BY b.pref, b.priority DESC, b.id) AS ids
+                FROM (
+                    SELECT CASE WHEN claim_batch.prefer THEN q.ord END AS pref, l.id, l.priority
+                    FROM go
+                    CROSS JOIN LATERAL unnest(go.queues) WITH ORDINALITY AS q(name, ord)
+                    CROSS JOIN LATERAL (
+                        SELECT f.id, f.priority FROM files.files f
+                        WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                        ORDER BY f.priority DESC, f.id
+                        LIMIT go.n
+                        FOR UPDATE SKIP LOCKED) l
+                    WHERE go.usual
+                    ORDER BY 1, l.priority DESC, l.id
+                    LIMIT (SELECT go.n FROM go)
+                ) b
+            ), claimed AS (
+                UPDATE files.files f
+                SET state = 'running', worker_id = z.worker_id, attempt = f.attempt + 1,
+                    claimed_at = now(), lease_expires_at = now() + z.lease_timeout,
+                    claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
+                FROM go, picked, unnest(picked.ids, go.ids, go.leases) AS z(id, worker_id, lease_timeout)
+                WHERE f.id = z.id
+                RETURNING f
+            )
+            SELECT go.usual, c.f FROM go
+            LEFT JOIN claimed c ON true
+            ORDER BY CASE WHEN claim_batch.prefer THEN array_position(go.queues, (c.f).queue) END, (c.f).priority DESC, (c.f).id
+        LOOP
+            EXIT WHEN v_one.usual IS NOT TRUE OR v_one.f IS NULL;
+            r := v_one.f;
+            r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
+            RETURN NEXT r;
+        END LOOP;
+        IF v_one.usual THEN
+            -- A statement slower than files.pick's bound (its search, the
+            -- slots' check and the update together) hands the session's next
+            -- claim to files.pick, which times its whole-range search alone
+            -- and keeps hints from then on if that is slow too.
+            v_ms := current_setting('pgworker.claim_hint_ms', true);
+            v_bound := CASE WHEN v_ms ~ '^[0-9]{1,9}(\.[0-9]{1,9})?$' THEN v_ms::double precision ELSE 1 END
+                       * (1 + cardinality(claim_batch.worker_ids) / 100.0) / 1000;
+            IF extract(epoch FROM clock_timestamp()) - v_start > v_bound THEN
+                v_set := set_config('pgworker.claim_hints', jsonb_build_object('at', v_start, 'n', 63, 'q', '{}'::jsonb)::text, false);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+
     -- The active slots, each once, in the order given; draining ones take
     -- nothing. An unknown slot is registered, a claim proves a stopped or
     -- dead slot alive, and a slot without a key takes the one given: these
-    -- cost a second look, the usual claim one join. In the same statement,
+    -- cost a second look. In the same statement,
     -- the queues to take from, in name order, or in the caller's order when
     -- it prefers, with whether their batches take turns and whether one has
     -- a fleet-wide cap. Queues without either cost nothing more: no lock, no
