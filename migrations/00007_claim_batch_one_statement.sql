@@ -2,9 +2,10 @@
 -- slot active with the key given, no queue capped or shared among its
 -- batches, and a session that keeps no claim hints. Its three statements
 -- (the slots and queues, files.pick's search, the update) cost a lone row's
--- claim about 0.1 ms more on a server that was idle than one statement, a
--- third of what a pickup takes beyond the bare FOR UPDATE SKIP LOCKED queue
--- (bench/other-measurements.md). Any other claim takes the three, as before.
+-- claim 0.05-0.1 ms more than one on a server that was idle: a tenth to a
+-- quarter of what the claim takes beyond a bare FOR UPDATE SKIP LOCKED
+-- claim (bench/other-measurements.md). Any other claim takes the three
+-- statements, as before.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -66,7 +67,7 @@ BEGIN
     -- row for the i-th slot; beside the rows it returns whether the claim was
     -- usual, so that a lost race (no rows) costs no second statement. Each
     -- statement of a call costs a cold server more than its plan's work:
-    -- this one answers a lone row about 0.1 ms sooner than the three below.
+    -- this one answers a lone row 0.05-0.1 ms sooner than the three below.
     -- A claim that is not usual locks nothing here and goes on below.
     IF coalesce(current_setting('pgworker.claim_hints', true), '') = '' THEN
         v_start := extract(epoch FROM clock_timestamp());
