@@ -68,7 +68,8 @@ BEGIN
     -- usual, so that a lost race (no rows) costs no second statement. Each
     -- statement of a call costs a cold server more than its plan's work:
     -- this one answers a lone row 0.05-0.1 ms sooner than the three below.
-    -- A claim that is not usual locks nothing here and goes on below.
+    -- A claim that is not usual locks nothing here and goes on below; when
+    -- only its queues made it so, without reading the slots again.
     IF coalesce(current_setting('pgworker.claim_hints', true), '') = '' THEN
         v_start := extract(epoch FROM clock_timestamp());
         FOR v_one IN
@@ -80,9 +81,12 @@ BEGIN
                       GROUP BY u.id) s
                 LEFT JOIN files.workers w ON w.worker_id = s.id
             ), go AS (
-                SELECT s.usual AND NOT coalesce(q.special, false) AS usual, cardinality(s.ids) AS n, s.ids, s.leases, q.queues
+                SELECT s.usual AND NOT coalesce(q.special, false) AS usual, s.usual AS slots_ok,
+                       cardinality(s.ids) AS n, s.ids, s.leases, q.queues, q.fair, q.capped
                 FROM slots s, (
                     SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS queues,
+                           array_agg(q.fair_share ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS fair,
+                           bool_or(q.max_running IS NOT NULL) AS capped,
                            bool_or(q.fair_share OR q.max_running IS NOT NULL) AS special
                     FROM files.queues q
                     WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues))
@@ -112,7 +116,15 @@ BEGIN
                 WHERE f.id = z.id
                 RETURNING f
             )
-            SELECT go.usual, c.f FROM go
+            -- When only the queues make the claim unusual, what the three
+            -- statements would read first: the slots and the queues.
+            SELECT go.usual, c.f,
+                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.ids END AS ids,
+                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.leases END AS leases,
+                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.queues END AS queues,
+                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.fair END AS fair,
+                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.capped END AS capped
+            FROM go
             LEFT JOIN claimed c ON true
             ORDER BY CASE WHEN claim_batch.prefer THEN array_position(go.queues, (c.f).queue) END, (c.f).priority DESC, (c.f).id
         LOOP
@@ -134,61 +146,70 @@ BEGIN
             END IF;
             RETURN;
         END IF;
+        -- Every slot active with this key: the claim is unusual for its
+        -- queues alone, and the statement read what the next one would.
+        v_ids := v_one.ids;
+        v_leases := v_one.leases;
+        v_queues := v_one.queues;
+        v_fair := v_one.fair;
+        v_capped := v_one.capped;
     END IF;
 
-    -- The active slots, each once, in the order given; draining ones take
-    -- nothing. An unknown slot is registered, a claim proves a stopped or
-    -- dead slot alive, and a slot without a key takes the one given: these
-    -- cost a second look. In the same statement,
-    -- the queues to take from, in name order, or in the caller's order when
-    -- it prefers, with whether their batches take turns and whether one has
-    -- a fleet-wide cap. Queues without either cost nothing more: no lock, no
-    -- count.
-    SELECT s.ids, s.leases, s.revive, s.bad, q.queues, q.fair, q.capped
-    INTO v_ids, v_leases, v_revive, v_bad, v_queues, v_fair, v_capped
-    FROM (
-        SELECT array_agg(s.id ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS ids,
-               array_agg(w.lease_timeout ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS leases,
-               bool_or(w.state IS DISTINCT FROM 'active' OR (w.key_hash IS NULL AND v_key IS NOT NULL))
-                   FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS revive,
-               min(s.id) FILTER (WHERE w.key_hash IS NOT NULL AND w.key_hash IS DISTINCT FROM v_key) AS bad
-        FROM (SELECT u.id, min(u.ord) AS ord
-              FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
-              GROUP BY u.id) s
-        LEFT JOIN files.workers w ON w.worker_id = s.id
-    ) s, (
-        SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS queues,
-               array_agg(q.fair_share ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS fair,
-               bool_or(q.max_running IS NOT NULL) AS capped
-        FROM files.queues q
-        WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues))
-    ) q;
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'files.claim_batch: slot % has a key and this is not it', v_bad
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Pass the key given to files.register_worker or to the slot''s first claim.';
-    END IF;
     IF v_ids IS NULL THEN
-        RETURN;
-    END IF;
-    IF v_revive THEN
-        IF claim_batch.key IS NOT NULL AND length(claim_batch.key) < 16 THEN
-            RAISE EXCEPTION 'files.claim_batch: key must be at least 16 characters (for example gen_random_uuid()::text)'
-                USING ERRCODE = 'invalid_parameter_value';
+        -- The active slots, each once, in the order given; draining ones
+        -- take nothing. An unknown slot is registered, a claim proves a
+        -- stopped or dead slot alive, and a slot without a key takes the one
+        -- given: these cost a second look. In the same statement, the queues
+        -- to take from, in name order, or in the caller's order when it
+        -- prefers, with whether their batches take turns and whether one has
+        -- a fleet-wide cap. Queues without either cost nothing more: no
+        -- lock, no count.
+        SELECT s.ids, s.leases, s.revive, s.bad, q.queues, q.fair, q.capped
+        INTO v_ids, v_leases, v_revive, v_bad, v_queues, v_fair, v_capped
+        FROM (
+            SELECT array_agg(s.id ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS ids,
+                   array_agg(w.lease_timeout ORDER BY s.ord) FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS leases,
+                   bool_or(w.state IS DISTINCT FROM 'active' OR (w.key_hash IS NULL AND v_key IS NOT NULL))
+                       FILTER (WHERE w.state IS DISTINCT FROM 'draining') AS revive,
+                   min(s.id) FILTER (WHERE w.key_hash IS NOT NULL AND w.key_hash IS DISTINCT FROM v_key) AS bad
+            FROM (SELECT u.id, min(u.ord) AS ord
+                  FROM unnest(claim_batch.worker_ids) WITH ORDINALITY AS u(id, ord)
+                  GROUP BY u.id) s
+            LEFT JOIN files.workers w ON w.worker_id = s.id
+        ) s, (
+            SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS queues,
+                   array_agg(q.fair_share ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS fair,
+                   bool_or(q.max_running IS NOT NULL) AS capped
+            FROM files.queues q
+            WHERE NOT q.paused AND (claim_batch.queues IS NULL OR q.queue = ANY (claim_batch.queues))
+        ) q;
+        IF v_bad IS NOT NULL THEN
+            RAISE EXCEPTION 'files.claim_batch: slot % has a key and this is not it', v_bad
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Pass the key given to files.register_worker or to the slot''s first claim.';
         END IF;
-        INSERT INTO files.workers AS w (worker_id, queues, key_hash)
-        SELECT u.id, claim_batch.queues, v_key FROM unnest(v_ids) AS u(id)
-        ORDER BY u.id
-        ON CONFLICT (worker_id) DO UPDATE
-            SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL,
-                key_hash = coalesce(w.key_hash, EXCLUDED.key_hash)
-            WHERE w.state IN ('stopped', 'dead') OR w.key_hash IS NULL;
-        SELECT array_agg(u.id ORDER BY u.ord), array_agg(w.lease_timeout ORDER BY u.ord) INTO v_ids, v_leases
-        FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
-        JOIN files.workers w ON w.worker_id = u.id
-        WHERE w.state = 'active';
         IF v_ids IS NULL THEN
             RETURN;
+        END IF;
+        IF v_revive THEN
+            IF claim_batch.key IS NOT NULL AND length(claim_batch.key) < 16 THEN
+                RAISE EXCEPTION 'files.claim_batch: key must be at least 16 characters (for example gen_random_uuid()::text)'
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            INSERT INTO files.workers AS w (worker_id, queues, key_hash)
+            SELECT u.id, claim_batch.queues, v_key FROM unnest(v_ids) AS u(id)
+            ORDER BY u.id
+            ON CONFLICT (worker_id) DO UPDATE
+                SET state = 'active', last_heartbeat_at = now(), stopped_at = NULL,
+                    key_hash = coalesce(w.key_hash, EXCLUDED.key_hash)
+                WHERE w.state IN ('stopped', 'dead') OR w.key_hash IS NULL;
+            SELECT array_agg(u.id ORDER BY u.ord), array_agg(w.lease_timeout ORDER BY u.ord) INTO v_ids, v_leases
+            FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
+            JOIN files.workers w ON w.worker_id = u.id
+            WHERE w.state = 'active';
+            IF v_ids IS NULL THEN
+                RETURN;
+            END IF;
         END IF;
     END IF;
 
