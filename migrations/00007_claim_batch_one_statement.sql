@@ -81,7 +81,7 @@ BEGIN
                       GROUP BY u.id) s
                 LEFT JOIN files.workers w ON w.worker_id = s.id
             ), go AS (
-                SELECT s.usual AND NOT coalesce(q.special, false) AS usual, s.usual AS slots_ok,
+                SELECT s.usual AND NOT coalesce(q.special, false) AS usual, s.usual AND coalesce(q.special, false) AS queues_only,
                        cardinality(s.ids) AS n, s.ids, s.leases, q.queues, q.fair, q.capped
                 FROM slots s, (
                     SELECT array_agg(q.queue ORDER BY CASE WHEN claim_batch.prefer THEN array_position(claim_batch.queues, q.queue) END, q.queue) AS queues,
@@ -119,11 +119,11 @@ BEGIN
             -- When only the queues make the claim unusual, what the three
             -- statements would read first: the slots and the queues.
             SELECT go.usual, c.f,
-                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.ids END AS ids,
-                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.leases END AS leases,
-                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.queues END AS queues,
-                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.fair END AS fair,
-                   CASE WHEN go.slots_ok AND NOT go.usual THEN go.capped END AS capped
+                   CASE WHEN go.queues_only THEN go.ids END AS ids,
+                   CASE WHEN go.queues_only THEN go.leases END AS leases,
+                   CASE WHEN go.queues_only THEN go.queues END AS queues,
+                   CASE WHEN go.queues_only THEN go.fair END AS fair,
+                   CASE WHEN go.queues_only THEN go.capped END AS capped
             FROM go
             LEFT JOIN claimed c ON true
             ORDER BY CASE WHEN claim_batch.prefer THEN array_position(go.queues, (c.f).queue) END, (c.f).priority DESC, (c.f).id
