@@ -16,7 +16,9 @@ import (
 // fixes it at 100 for user space on every architecture it supports.
 const clockTicks = 100
 
-const sqlServerProcess = `SELECT pg_backend_pid(), extract(epoch FROM pg_postmaster_start_time())::float8`
+const sqlServerProcess = `SELECT pg_backend_pid(),
+       coalesce(array_agg(a.pid) FILTER (WHERE a.backend_type IN ('checkpointer', 'background writer', 'walwriter')), '{}')
+FROM pg_stat_activity a`
 
 // serverCPU reads the CPU time spent by a PostgreSQL server running on this
 // machine: its postmaster and every process it started, live or ended.
@@ -25,13 +27,16 @@ type serverCPU struct {
 }
 
 // findServerCPU finds the postmaster of the server behind the bench's pool
-// in /proc: the parent of a backend, checked against the server's own start
-// time so that a server on another machine (or in another PID namespace) is
-// never taken for a local process that happens to have that PID.
+// in /proc: the parent of a backend, checked to be the parent of the
+// server's own checkpointer and writers too, so that a server on another
+// machine (or in another PID namespace) is never taken for a local process
+// that happens to have that PID. (Start times cannot tell: the wall clock
+// that PostgreSQL stamps them with and the boot time that /proc counts from
+// drift apart by seconds on a virtual machine.)
 func (b *Bench) findServerCPU(ctx context.Context) (*serverCPU, error) {
 	var backend int
-	var started float64
-	if err := b.pool.QueryRow(ctx, sqlServerProcess).Scan(&backend, &started); err != nil {
+	var aux []int
+	if err := b.pool.QueryRow(ctx, sqlServerProcess).Scan(&backend, &aux); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	st, err := readStat(backend)
@@ -39,18 +44,15 @@ func (b *Bench) findServerCPU(ctx context.Context) (*serverCPU, error) {
 		return nil, fmt.Errorf("bench: the server's CPU is read from /proc, and its backend %d is not a process here "+
 			"(run the benchmark on the database's machine): %w", backend, err)
 	}
-	pm, err := readStat(st.ppid)
-	if err != nil {
-		return nil, fmt.Errorf("bench: the postmaster %d: %w", st.ppid, err)
+	if len(aux) == 0 {
+		return nil, fmt.Errorf("bench: pg_stat_activity shows none of the server's checkpointer and writers")
 	}
-	boot, err := bootTime()
-	if err != nil {
-		return nil, err
-	}
-	at := boot + float64(pm.start)/clockTicks
-	if d := at - started; d < -2 || d > 2 {
-		return nil, fmt.Errorf("bench: process %d started at %.0f, the server at %.0f: it is not the server's postmaster "+
-			"(run the benchmark on the database's machine)", st.ppid, at, started)
+	for _, pid := range aux {
+		a, err := readStat(pid)
+		if err != nil || a.ppid != st.ppid {
+			return nil, fmt.Errorf("bench: process %d, the parent of backend %d, is not the parent of the server's "+
+				"process %d: it is not the server's postmaster (run the benchmark on the database's machine)", st.ppid, backend, pid)
+		}
 	}
 	return &serverCPU{postmaster: st.ppid}, nil
 }
@@ -85,7 +87,6 @@ func (s *serverCPU) total() (time.Duration, error) {
 type procStat struct {
 	ppid                         int
 	utime, stime, cutime, cstime int64
-	start                        int64 // since boot
 }
 
 func readStat(pid int) (procStat, error) {
@@ -100,28 +101,14 @@ func readStat(pid int) (procStat, error) {
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state): field n is f[n-3].
-	if len(f) < 20 {
+	if len(f) < 15 {
 		return procStat{}, errors.New("short /proc stat")
 	}
 	num := func(n int) int64 {
 		v, _ := strconv.ParseInt(f[n-3], 10, 64)
 		return v
 	}
-	return procStat{ppid: int(num(4)), utime: num(14), stime: num(15), cutime: num(16), cstime: num(17), start: num(22)}, nil
-}
-
-// bootTime is when the machine booted, in seconds since the epoch.
-func bootTime() (float64, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, fmt.Errorf("bench: %w", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "btime "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, errors.New("bench: no btime in /proc/stat")
+	return procStat{ppid: int(num(4)), utime: num(14), stime: num(15), cutime: num(16), cstime: num(17)}, nil
 }
 
 // selfCPU is the CPU time of this process so far: the worker runtime, and
