@@ -2,7 +2,9 @@ package migrations_test
 
 import (
 	"context"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -156,4 +158,136 @@ func startExplaining(t *testing.T, conn *pgx.Conn) (jit bool) {
 		mustExec(t, conn, s)
 	}
 	return jit
+}
+
+// A session keeps the plans it made at its first calls while files.files
+// grows; autovacuum analyzing the table is what makes it plan again. Planned
+// on a table of a few analyzed rows, where reading the whole table is the
+// cheaper plan, every call of the hot path must still look its rows up by
+// id once the table holds 20,000: no node of any plan inside it reads more
+// than a few rows.
+func TestHotPathPlansOnAGrownTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, plans := explainedConn(t)
+	// A second session claims through files.pick's hints (claim_batch's
+	// three statements), the first in claim_batch's one statement; its
+	// plans are told to the same list.
+	hinted, err := pgx.ConnectConfig(ctx, conn.Config().Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hinted.Close(context.Background()) })
+	mustExec(t, conn, "ALTER TABLE files.files SET (autovacuum_enabled = false)")
+	mustExec(t, conn, "INSERT INTO files.files (queue, source) SELECT 'q', 'x' || g FROM generate_series(1, 3) g")
+	mustExec(t, conn, "ANALYZE files.files")
+	mustExec(t, conn, "SELECT files.register_worker('g:' || g, key => $1) FROM generate_series(1, 6) g", testKey)
+	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	mustExec(t, hinted, "SET pgworker.claim_hint_ms = 0")
+
+	take := func(c *pgx.Conn, sql string, args ...any) []held {
+		t.Helper()
+		rows, err := c.Query(ctx, "/* test */ SELECT id, worker_id, attempt, claim_token FROM "+sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (h held, err error) {
+			return h, r.Scan(&h.id, &h.worker, &h.attempt, &h.token)
+		})
+		if err != nil || len(got) == 0 {
+			t.Fatalf("%s: %d rows, %v", sql, len(got), err)
+		}
+		return got
+	}
+	ok := func(c *pgx.Conn, sql string, args ...any) {
+		t.Helper()
+		var done bool
+		if err := c.QueryRow(ctx, "/* test */ SELECT "+sql, args...).Scan(&done); err != nil || !done {
+			t.Fatalf("%s: %v, %v", sql, done, err)
+		}
+	}
+	// Each call a worker makes on the way of a row: claims of each kind,
+	// the heartbeat, each outcome, the reaper. Each round's rows come first
+	// (a higher priority), so the last round claims the newest rows, those
+	// after the 20,000 in id order.
+	round := func(n int) {
+		t.Helper()
+		mustExec(t, conn, "INSERT INTO files.files (queue, source, priority) SELECT 'q', 'r' || g, $1 FROM generate_series(1, 8) g", n)
+		batch := take(conn, "files.claim_batch(ARRAY['g:1', 'g:2'], ARRAY['q'], $1)", testKey)
+		three := take(hinted, "files.claim_batch(ARRAY['g:3', 'g:4'], ARRAY['q'], $1)", testKey)
+		one := take(conn, "files.claim('g:5', ARRAY['q'], 2, $1)", testKey)
+		last := take(conn, "files.claim('g:6', ARRAY['q'], 1, $1)", testKey)[0]
+		mustExec(t, conn, "/* test */ SELECT * FROM files.heartbeat($1, 'g:1', 'g:2', 'g:3', 'g:4', 'g:5', 'g:6')", testKey)
+		ids, workers, attempts, tokens := []int64{}, []string{}, []int{}, []string{}
+		for _, h := range batch {
+			ids, workers, attempts, tokens = append(ids, h.id), append(workers, h.worker), append(attempts, h.attempt), append(tokens, h.token)
+		}
+		mustExec(t, conn, "/* test */ SELECT files.complete_many($1, $2, $3, $4)", ids, workers, attempts, tokens)
+		h := three[0]
+		mustExec(t, conn, "/* test */ SELECT * FROM files.fail_many(ARRAY[$1::bigint], ARRAY[$2], ARRAY[$3::integer], ARRAY[$4], ARRAY['boom'])",
+			h.id, h.worker, h.attempt, h.token)
+		for _, h := range three[1:] {
+			ok(conn, "files.release($1, $2, $3, $4)", h.id, h.worker, h.attempt, h.token)
+		}
+		// An outcome for a row no longer held: left out of the answer once
+		// files.refuse_forged found no row held with another token.
+		h = three[len(three)-1]
+		var marked int
+		if err := conn.QueryRow(ctx, "/* test */ SELECT count(*) FROM files.complete_many(ARRAY[$1::bigint], ARRAY[$2], ARRAY[$3::integer], ARRAY[$4])",
+			h.id, h.worker, h.attempt, h.token).Scan(&marked); err != nil || marked != 0 {
+			t.Fatalf("complete_many of a row no longer held: %d rows, %v", marked, err)
+		}
+		h = one[0]
+		ok(conn, "files.complete($1, $2, $3, $4)", h.id, h.worker, h.attempt, h.token)
+		for _, h := range one[1:] {
+			ok(conn, "files.fail($1, $2, $3, $4, 'boom')", h.id, h.worker, h.attempt, h.token)
+		}
+		ok(conn, "files.release($1, $2, $3, $4)", last.id, last.worker, last.attempt, last.token)
+		mustExec(t, conn, "/* test */ SELECT files.reap()")
+		if n < 7 {
+			// The table stays as small as it was analyzed while the
+			// session plans.
+			mustExec(t, conn, "/* test */ DELETE FROM files.files WHERE queue = 'q'")
+		}
+	}
+	// More than five times: PostgreSQL's own choice of a generic plan comes
+	// after five custom ones.
+	for n := range 7 {
+		round(n)
+	}
+
+	mustExec(t, conn, "INSERT INTO files.files (queue, source) SELECT 'big', 'y' || g FROM generate_series(1, 20000) g")
+	for _, c := range []*pgx.Conn{conn, hinted} {
+		for _, s := range []string{
+			"LOAD 'auto_explain'",
+			"SET auto_explain.log_min_duration = 0",
+			"SET auto_explain.log_nested_statements = on",
+			"SET auto_explain.log_analyze = on",
+			"SET auto_explain.log_timing = off",
+			"SET auto_explain.log_level = notice",
+		} {
+			mustExec(t, c, s)
+		}
+	}
+	round(7)
+
+	read := regexp.MustCompile(`actual rows=(\d+) loops=(\d+)`)
+	var nested int
+	for _, p := range plans() {
+		if strings.Contains(p, "/* test */") || !strings.Contains(p, "actual rows=") {
+			continue
+		}
+		nested++
+		for _, m := range read.FindAllStringSubmatch(p, -1) {
+			rows, _ := strconv.Atoi(m[1])
+			loops, _ := strconv.Atoi(m[2])
+			if rows*loops > 100 {
+				t.Errorf("a plan made on a few rows reads %d rows of a grown table:\n%s", rows*loops, p)
+				break
+			}
+		}
+	}
+	if nested == 0 {
+		t.Fatal("auto_explain reported no statement inside the functions")
+	}
 }

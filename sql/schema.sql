@@ -915,16 +915,24 @@ CREATE FUNCTION files.wake_capped(queues text[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     n integer;
 BEGIN
     -- A row of a capped queue ended: the queue may have room again, which no
     -- other notification announces. (PL/pgSQL keeps the plan; files.fail
-    -- calls this for every queue.)
+    -- calls this for every queue.) A capped queue's claimable row is looked
+    -- for by a subquery of its own, in files_claim_idx: written as EXISTS,
+    -- the planner may read every pending row first (a semi-join), as a plan
+    -- made on a few rows does and keeps doing as the table grows.
     SELECT count(pg_notify('files_pending', q.queue))::integer INTO n FROM files.queues q
     WHERE q.queue = ANY (wake_capped.queues) AND q.max_running IS NOT NULL AND NOT q.paused
-      AND EXISTS (SELECT 1 FROM files.files f WHERE f.state = 'pending' AND f.queue = q.queue AND f.run_after <= now());
+      AND (SELECT true FROM files.files f WHERE f.state = 'pending' AND f.queue = q.queue AND f.run_after <= now() LIMIT 1);
     RETURN n;
 END
 $$;
@@ -1016,21 +1024,22 @@ BEGIN
     -- for: files.pick, or, when a queue shares among its batches,
     -- files.fair_pick (then without pick's hints). Each row's token is derived
     -- from a random salt of this call: only its hash is written, and the
-    -- token itself goes into the returned row alone.
+    -- token itself goes into the returned row alone. The update finds its
+    -- rows by "id = ANY (v_ids)", an index condition in any plan; a join on
+    -- the ids let a plan made on a table of a few rows read the primary key
+    -- whole, and a session keeps its plans as the table grows.
     IF true = ANY (v_fair) THEN
         v_ids := files.fair_pick(v_queues, v_fair, v_room, claim.max, claim.prefer);
     ELSE
         v_ids := files.pick(v_queues, claim.max, v_room, claim.prefer);
     END IF;
     FOR r IN
-        WITH picked AS (
-            SELECT p.id FROM unnest(v_ids) AS p(id)
-        ), claimed AS (
+        WITH claimed AS (
             UPDATE files.files f
             SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
                 claimed_at = now(), lease_expires_at = now() + v_lease,
                 claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
-            FROM picked WHERE f.id = picked.id
+            WHERE f.id = ANY (v_ids)
             RETURNING f.*
         )
         -- Preferred queues first, then priority and id (a window numbering
@@ -1171,7 +1180,7 @@ BEGIN
                     claimed_at = now(), lease_expires_at = now() + z.lease_timeout,
                     claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
                 FROM go, picked, unnest(picked.ids, go.ids, go.leases) AS z(id, worker_id, lease_timeout)
-                WHERE f.id = z.id
+                WHERE f.id = ANY (ARRAY[z.id])
                 RETURNING f
             )
             -- When only the queues make the claim unusual, what the three
@@ -1298,7 +1307,11 @@ BEGIN
     -- The i-th best row goes to the i-th slot: one unnest zips the arrays and
     -- drives one primary-key lookup per row, the only plan that fits (a
     -- condition "id = ANY (v_rows)" beside the join would let a generic plan
-    -- rescan the arrays for each row: quadratic). Tokens as in files.claim.
+    -- rescan the arrays for each row: quadratic). The lookup is written
+    -- "id = ANY (ARRAY[p.id])", not "id = p.id": an equality join also lets
+    -- a plan made on a table of a few rows read the primary key whole, which
+    -- the session would keep as the table grows; a one-element ANY can only
+    -- be an index condition. Tokens as in files.claim.
     FOR r IN
         WITH claimed AS (
             UPDATE files.files f
@@ -1307,7 +1320,7 @@ BEGIN
                 claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
             FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
                  AS p(id, worker_id, lease_timeout)
-            WHERE f.id = p.id
+            WHERE f.id = ANY (ARRAY[p.id])
             RETURNING f.*
         )
         -- Preferred queues first, then priority and id, as files.claim.
@@ -1531,11 +1544,14 @@ DECLARE
     v_id bigint;
 BEGIN
     -- Called when a fenced call changed fewer rows than it named: a row still
-    -- held by the named worker and attempt was refused for its token.
+    -- held by the named worker and attempt was refused for its token. Each
+    -- row by its id, as files.claim_batch finds it, and in the order of the
+    -- ids given: an order by the table's id lets a plan made on a few rows
+    -- read the primary key whole, and keep doing so as the table grows.
     SELECT f.id INTO v_id
     FROM unnest(ids, worker_ids, attempts) AS u(id, worker_id, attempt)
-    JOIN files.files f ON f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
-    ORDER BY f.id LIMIT 1;
+    JOIN files.files f ON f.id = ANY (ARRAY[u.id]) AND f.worker_id = u.worker_id AND f.attempt = u.attempt
+    ORDER BY u.id LIMIT 1;
     IF v_id IS NOT NULL THEN
         RAISE EXCEPTION '%: wrong claim token for row % (only the claim that returned the row may record its outcome)', fn, v_id
             USING ERRCODE = 'insufficient_privilege';
@@ -1626,6 +1642,11 @@ CREATE FUNCTION files.complete_many(
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1648,8 +1669,11 @@ BEGIN
     -- fence is worker_id, attempt and claim token: a row has a worker_id only
     -- while it runs (files_worker_iff_running). Nothing here lets the planner
     -- prefer a scan of the running rows or a join that rescans the arrays,
-    -- with fresh statistics or stale ones, in custom or generic plans. An id
-    -- given twice is recorded once.
+    -- with fresh statistics or stale ones, in custom or generic plans: the
+    -- lookup is "id = ANY (ARRAY[u.id])" (see files.claim_batch), and the
+    -- planner settings above leave no scan of files.files, even in a plan
+    -- made on a few rows and kept as the table grows. An id given twice is
+    -- recorded once.
     WITH done AS (
         UPDATE files.files f
         SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(), result = u.result,
@@ -1658,7 +1682,7 @@ BEGIN
                                      complete_many.tokens, complete_many.results, complete_many.reports)
                               AS x(id, worker_id, attempt, token, result, report)
               ORDER BY x.id) u
-        WHERE f.id = u.id AND f.worker_id = u.worker_id AND f.attempt = u.attempt
+        WHERE f.id = ANY (ARRAY[u.id]) AND f.worker_id = u.worker_id AND f.attempt = u.attempt
           AND f.claim_token_hash = sha256(convert_to(u.token, 'UTF8'))
         RETURNING f.id, u.worker_id, u.attempt, f.claimed_at, u.report, f.batch, f.queue
     ), logged AS (
@@ -1684,7 +1708,7 @@ BEGIN
         IF v_done IS NOT NULL THEN
             INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
             SELECT complete_many.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
-            FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = d.id ORDER BY f.id) f,
+            FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = ANY (ARRAY[d.id]) ORDER BY f.id) f,
                  files.output_keys(f.result) AS o(key)
             WHERE NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key);
         END IF;
@@ -1714,6 +1738,11 @@ CREATE FUNCTION files.fail(id bigint, worker_id text, attempt integer, token tex
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1775,6 +1804,11 @@ CREATE FUNCTION files.fail_many(
 RETURNS TABLE (id bigint, state text, run_after timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1807,6 +1841,11 @@ CREATE FUNCTION files.release(id bigint, worker_id text, attempt integer, token 
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1923,6 +1962,11 @@ CREATE FUNCTION files.heartbeat(key text, VARIADIC worker_ids text[])
 RETURNS TABLE (worker_id text, file_id bigint, attempt integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Planned at every call, against the size files.files has then: a plan
+-- made on a few rows locks the slots' rows by reading the primary key
+-- whole in id order, and would keep doing so as the table grows. One
+-- call per process every few seconds.
+SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 BEGIN
