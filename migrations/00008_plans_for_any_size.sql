@@ -498,7 +498,7 @@ BEGIN
         IF v_done IS NOT NULL THEN
             INSERT INTO files.files (queue, priority, payload, source, unique_key, batch, max_attempts)
             SELECT complete_many.then_queue, f.priority, f.payload, o.key, o.key, f.batch, f.max_attempts
-            FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = ANY (ARRAY[d.id]) ORDER BY f.id) f,
+            FROM (SELECT f.* FROM unnest(v_done) AS d(id) JOIN files.files f ON f.id = ANY (ARRAY[d.id]) ORDER BY d.id) f,
                  files.output_keys(f.result) AS o(key)
             WHERE NOT EXISTS (SELECT 1 FROM files.unique_keys k WHERE k.queue = complete_many.then_queue AND k.key = o.key);
         END IF;

@@ -147,17 +147,22 @@ func startExplaining(t *testing.T, conn *pgx.Conn) (jit bool) {
 	if err := conn.QueryRow(context.Background(), "SELECT pg_jit_available()").Scan(&jit); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{
+	explainEach(t, conn, "SET jit = on", "SET jit_above_cost = 0")
+	return jit
+}
+
+// explainEach makes auto_explain report the plan of every statement of conn
+// as a notice, those inside functions included, then runs settings.
+func explainEach(t *testing.T, conn *pgx.Conn, settings ...string) {
+	t.Helper()
+	for _, s := range append([]string{
 		"LOAD 'auto_explain'",
 		"SET auto_explain.log_min_duration = 0",
 		"SET auto_explain.log_nested_statements = on",
 		"SET auto_explain.log_level = notice",
-		"SET jit = on",
-		"SET jit_above_cost = 0",
-	} {
+	}, settings...) {
 		mustExec(t, conn, s)
 	}
-	return jit
 }
 
 // A session keeps the plans it made at its first calls while files.files
@@ -258,16 +263,7 @@ func TestHotPathPlansOnAGrownTable(t *testing.T) {
 
 	mustExec(t, conn, "INSERT INTO files.files (queue, source) SELECT 'big', 'y' || g FROM generate_series(1, 20000) g")
 	for _, c := range []*pgx.Conn{conn, hinted} {
-		for _, s := range []string{
-			"LOAD 'auto_explain'",
-			"SET auto_explain.log_min_duration = 0",
-			"SET auto_explain.log_nested_statements = on",
-			"SET auto_explain.log_analyze = on",
-			"SET auto_explain.log_timing = off",
-			"SET auto_explain.log_level = notice",
-		} {
-			mustExec(t, c, s)
-		}
+		explainEach(t, c, "SET auto_explain.log_analyze = on", "SET auto_explain.log_timing = off")
 	}
 	round(7)
 
