@@ -145,8 +145,8 @@ inserted one per transaction at --rate per second for --duration, or, with
 --rate 0, on --rows rows inserted beforehand (not measured) and burnt down at
 peak. Between the start and the last outcome it reads the CPU time of every
 process of the PostgreSQL server from /proc (the server must run on this
-machine; its postmaster is found as the parent of a backend and checked
-against pg_postmaster_start_time()), the CPU time of this process (the
+machine; its postmaster is found as the parent of a backend that is also
+the parent of the server's checkpointer and writers), the CPU time of this process (the
 worker and the inserts), the WAL written and the database's transactions,
 and divides each by the rows. With the pg_stat_statements extension in the
 database, the statements with the most execution time are listed per row.

@@ -233,33 +233,28 @@ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname 
 const clockTicks = 100
 
 // findServer returns the PID of the server's postmaster: the parent of a
-// backend, checked against pg_postmaster_start_time().
+// backend, checked to be the parent of the server's checkpointer and writers
+// too (as pgworker's bench cpu does: start times cannot tell, since the wall
+// clock and /proc's boot time drift apart on a virtual machine).
 func findServer(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	var backend int
-	var started float64
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid(), extract(epoch FROM pg_postmaster_start_time())::float8`).Scan(&backend, &started); err != nil {
+	var aux []int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid(),
+       coalesce(array_agg(a.pid) FILTER (WHERE a.backend_type IN ('checkpointer', 'background writer', 'walwriter')), '{}')
+FROM pg_stat_activity a`).Scan(&backend, &aux); err != nil {
 		return 0, err
 	}
 	st, err := readStat(backend)
 	if err != nil {
 		return 0, fmt.Errorf("the server's CPU is read from /proc, and its backend %d is not a process here: %w", backend, err)
 	}
-	pm, err := readStat(st.ppid)
-	if err != nil {
-		return 0, err
+	if len(aux) == 0 {
+		return 0, errors.New("pg_stat_activity shows none of the server's checkpointer and writers")
 	}
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	var boot float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "btime "); ok {
-			boot, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+	for _, pid := range aux {
+		if a, err := readStat(pid); err != nil || a.ppid != st.ppid {
+			return 0, fmt.Errorf("process %d, the parent of backend %d, is not the parent of the server's process %d: it is not the server's postmaster", st.ppid, backend, pid)
 		}
-	}
-	if d := boot + float64(pm.start)/clockTicks - started; d < -2 || d > 2 {
-		return 0, fmt.Errorf("process %d is not the server's postmaster (it started %.0f s apart)", st.ppid, d)
 	}
 	return st.ppid, nil
 }
@@ -289,8 +284,8 @@ func serverTotal(postmaster int) (time.Duration, error) {
 }
 
 type procStat struct {
-	ppid                                int
-	utime, stime, cutime, cstime, start int64
+	ppid                         int
+	utime, stime, cutime, cstime int64
 }
 
 func readStat(pid int) (procStat, error) {
@@ -307,5 +302,5 @@ func readStat(pid int) (procStat, error) {
 		return procStat{}, errors.New("short /proc stat")
 	}
 	num := func(n int) int64 { v, _ := strconv.ParseInt(f[n-3], 10, 64); return v }
-	return procStat{ppid: int(num(4)), utime: num(14), stime: num(15), cutime: num(16), cstime: num(17), start: num(22)}, nil
+	return procStat{ppid: int(num(4)), utime: num(14), stime: num(15), cutime: num(16), cstime: num(17)}, nil
 }
