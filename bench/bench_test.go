@@ -180,6 +180,32 @@ func TestSkipLockedThroughTheAPI(t *testing.T) {
 	cleanedUp(t, pool)
 }
 
+// The bare loop with the rows the guarantees write burns every row down (a
+// completion that recorded fewer outcomes than it was given, its token
+// checked, fails the run) and leaves no scratch schema; it does not go with
+// the SQL API.
+func TestSkipLockedWithBookkeeping(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.SkipLocked(context.Background(), &bench.SkipLockedConfig{Rows: 1000, Clients: 3, Batch: 7, Bookkeeping: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "skiplocked")
+	positive(t, m, "rows_per_sec", "elapsed_ms", "server_cpu_ms_per_row", "client_cpu_ms_per_row")
+	if !res.Bookkeeping || m["bookkeeping"] != true || res.API {
+		t.Errorf("result %+v", res)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM pg_namespace WHERE nspname = 'pgworker_bench_skiplocked'"); n != 0 {
+		t.Errorf("the scratch schema is still there")
+	}
+	cleanedUp(t, pool)
+
+	if _, err := b.SkipLocked(context.Background(), &bench.SkipLockedConfig{API: true, Bookkeeping: true}); err == nil {
+		t.Errorf("--api with --bookkeeping: no error")
+	}
+}
+
 func TestCPU(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {

@@ -117,7 +117,7 @@ func (b *Bench) Notify(ctx context.Context, cfg *NotifyConfig) (*NotifyResult, e
 		if err != nil {
 			return err
 		}
-		drop, err := b.bareTable(ctx)
+		drop, err := b.bareTable(ctx, false)
 		defer func() { err = errors.Join(err, drop()) }()
 		if err != nil {
 			return err

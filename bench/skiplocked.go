@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -35,6 +37,42 @@ RETURNING f.id`
 WHERE id = ANY ($1) AND state = 'running'`
 )
 
+// The statements of SkipLocked with the rows that pgworker's guarantees
+// write, and nothing else: the same table with an index of the running rows
+// by slot (as files_running_idx, which the heartbeat and the reaper read), a
+// token's hash written at the claim and checked at the completion (the
+// fence: one sha256 per row each way), a history row per outcome in a table
+// of files.attempts' shape with its indexes, and one line of counts per
+// completion in a table of files.queue_counts' shape. The claim commits
+// asynchronously, as pgworker's do. No functions, no slots' table, no
+// checks beyond the tables' own.
+const (
+	sqlKeepRunningIndex = `CREATE INDEX ON ` + skipSchema + `.files (worker_id) WHERE state = 'running'`
+	sqlKeepAttempts     = `CREATE TABLE ` + skipSchema + `.attempts (LIKE files.attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY INCLUDING INDEXES)`
+	sqlKeepCounts       = `CREATE TABLE ` + skipSchema + `.queue_counts (LIKE files.queue_counts INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`
+	sqlKeepClaim        = `UPDATE ` + skipSchema + `.files f SET state = 'running', worker_id = $2, attempt = f.attempt + 1,
+    claimed_at = now(), lease_expires_at = now() + interval '15 seconds',
+    claim_token_hash = sha256(convert_to($4 || f.id, 'UTF8'))
+WHERE f.id IN (SELECT id FROM ` + skipSchema + `.files WHERE state = 'pending' AND queue = $1
+    ORDER BY priority DESC, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+    AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+RETURNING f.id`
+	sqlKeepComplete = `WITH done AS (
+    UPDATE ` + skipSchema + `.files f SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(),
+        claim_token_hash = NULL
+    WHERE f.id = ANY ($1) AND f.state = 'running' AND f.worker_id = $2
+      AND f.claim_token_hash = sha256(convert_to($3 || f.id, 'UTF8'))
+    RETURNING f.id, f.queue, f.attempt, f.claimed_at
+), logged AS (
+    INSERT INTO ` + skipSchema + `.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, duration)
+    SELECT d.id, d.queue, d.attempt, $2, d.claimed_at, now(), 'done', now() - d.claimed_at FROM done d
+), counted AS (
+    INSERT INTO ` + skipSchema + `.queue_counts (queue, at, done, ended_done)
+    SELECT d.queue, date_trunc('minute', now()), count(*), count(*) FROM done d GROUP BY d.queue
+)
+SELECT count(*) FROM done`
+)
+
 // The same loop through the SQL API on files.files, as a worker in any
 // language would drive it (docs/protocol.md): files.claim_batch for a batch
 // of slots, committed asynchronously as pgworker run's claims are, and
@@ -61,6 +99,11 @@ type SkipLockedConfig struct {
 	// on a table of its shape: the bookkeeping of exactly-once outcomes, with
 	// no worker runtime around it. Defaults to false.
 	API bool
+	// Bookkeeping runs the bare loop with the rows pgworker's guarantees
+	// write (an index of the running rows, a token's hash, a history row
+	// per outcome, a line of counts per completion) and nothing else: what
+	// the database can do for a queue that keeps them. Not with API.
+	Bookkeeping bool
 }
 
 // SkipLockedResult is what SkipLocked measured.
@@ -69,8 +112,10 @@ type SkipLockedResult struct {
 	Rows    int `json:"rows"`
 	Clients int `json:"clients"`
 	Batch   int `json:"batch"`
-	// API is true for the loop through the SQL API.
-	API bool `json:"api,omitempty"`
+	// API is true for the loop through the SQL API, Bookkeeping for the
+	// bare loop with the guarantees' writes.
+	API         bool `json:"api,omitempty"`
+	Bookkeeping bool `json:"bookkeeping,omitempty"`
 	// ElapsedMS runs from the clients' first claim to the last completion.
 	ElapsedMS  float64 `json:"elapsed_ms"`
 	RowsPerSec float64 `json:"rows_per_sec"`
@@ -95,13 +140,16 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 	c.Rows = orDefault(c.Rows, 50000)
 	c.Clients = orDefault(c.Clients, 8)
 	c.Batch = orDefault(c.Batch, 100)
-	res := &SkipLockedResult{Rows: c.Rows, Clients: c.Clients, Batch: c.Batch, API: c.API}
+	if c.API && c.Bookkeeping {
+		return nil, errors.New("bench: skiplocked runs through the SQL API or with the bare bookkeeping, not both")
+	}
+	res := &SkipLockedResult{Rows: c.Rows, Clients: c.Clients, Batch: c.Batch, API: c.API, Bookkeeping: c.Bookkeeping}
 	err := b.run(ctx, "skiplocked", func(ctx context.Context) (err error) {
 		res.Setup = b.setup("skiplocked")
 		if c.API {
 			return b.apiLoops(ctx, &c, res)
 		}
-		drop, err := b.bareTable(ctx)
+		drop, err := b.bareTable(ctx, c.Bookkeeping)
 		defer func() { err = errors.Join(err, drop()) }()
 		if err != nil {
 			return err
@@ -117,10 +165,11 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 		if err != nil {
 			return err
 		}
-		b.logger.Info("bench: burning down with bare SKIP LOCKED", "rows", c.Rows, "clients", c.Clients, "batch", c.Batch)
+		b.logger.Info("bench: burning down with bare SKIP LOCKED", "rows", c.Rows, "clients", c.Clients, "batch", c.Batch,
+			"bookkeeping", c.Bookkeeping)
 		cpu := b.startCPU(ctx)
 		elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error {
-			return skipLockedLoop(ctx, conn, "client:"+strconv.Itoa(i), c.Batch)
+			return skipLockedLoop(ctx, conn, "client:"+strconv.Itoa(i), c.Batch, c.Bookkeeping)
 		})
 		if err != nil {
 			return err
@@ -144,9 +193,10 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 }
 
 // bareTable creates the table of SkipLocked in a schema of its own (a
-// leftover of an earlier run is dropped first); drop drops it, also when
-// the creation failed or ctx was cancelled.
-func (b *Bench) bareTable(ctx context.Context) (drop func() error, err error) {
+// leftover of an earlier run is dropped first), with the index and tables
+// of the guarantees' writes when bookkeeping; drop drops it, also when the
+// creation failed or ctx was cancelled.
+func (b *Bench) bareTable(ctx context.Context, bookkeeping bool) (drop func() error, err error) {
 	drop = func() error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
@@ -155,7 +205,11 @@ func (b *Bench) bareTable(ctx context.Context) (drop func() error, err error) {
 		}
 		return nil
 	}
-	for _, stmt := range []string{sqlSkipDrop, sqlSkipSchema, sqlSkipTable, sqlSkipIndex} {
+	stmts := []string{sqlSkipDrop, sqlSkipSchema, sqlSkipTable, sqlSkipIndex}
+	if bookkeeping {
+		stmts = append(stmts, sqlKeepRunningIndex, sqlKeepAttempts, sqlKeepCounts)
+	}
+	for _, stmt := range stmts {
 		if _, err := b.pool.Exec(ctx, stmt); err != nil {
 			return drop, fmt.Errorf("bench: %s: %w", stmt, explain(err))
 		}
@@ -274,12 +328,22 @@ func burnDown(conns []*pgx.Conn, loop func(i int, conn *pgx.Conn) error) (time.D
 	return time.Since(t0), errors.Join(errs...)
 }
 
-// skipLockedLoop claims and completes batches until a claim finds nothing.
-func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int) error {
+// skipLockedLoop claims and completes batches until a claim finds nothing;
+// with bookkeeping, with the statements that write what the guarantees keep,
+// each claim's tokens salted afresh.
+func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int, bookkeeping bool) error {
 	ids := make([]int64, 0, batch)
+	var salt [16]byte
 	for {
 		ids = ids[:0]
-		rows, err := conn.Query(ctx, sqlSkipClaim, Queue, id, batch)
+		var rows pgx.Rows
+		var err error
+		if bookkeeping {
+			_, _ = rand.Read(salt[:])
+			rows, err = conn.Query(ctx, sqlKeepClaim, Queue, id, batch, hex.EncodeToString(salt[:]))
+		} else {
+			rows, err = conn.Query(ctx, sqlSkipClaim, Queue, id, batch)
+		}
 		if err != nil {
 			return fmt.Errorf("bench: claim: %w", err)
 		}
@@ -298,8 +362,18 @@ func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int) e
 		if len(ids) == 0 {
 			return nil
 		}
-		if _, err := conn.Exec(ctx, sqlSkipComplete, ids); err != nil {
+		if !bookkeeping {
+			if _, err := conn.Exec(ctx, sqlSkipComplete, ids); err != nil {
+				return fmt.Errorf("bench: complete: %w", err)
+			}
+			continue
+		}
+		var took int
+		if err := conn.QueryRow(ctx, sqlKeepComplete, ids, id, hex.EncodeToString(salt[:])).Scan(&took); err != nil {
 			return fmt.Errorf("bench: complete: %w", err)
+		}
+		if took != len(ids) {
+			return fmt.Errorf("bench: complete recorded %d of %d outcomes", took, len(ids))
 		}
 	}
 }

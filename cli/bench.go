@@ -115,7 +115,7 @@ Ten million rows take a few minutes to build and need about 2 GB of disk;
 		examples: "pgworker bench claim-depth\npgworker bench claim-depth --depths 10k,1M --claims 500 --json",
 	},
 	"skiplocked": {
-		name: "bench skiplocked", args: "[--rows N] [--clients N] [--batch N] [--api] [--json] [flags]",
+		name: "bench skiplocked", args: "[--rows N] [--clients N] [--batch N] [--api | --bookkeeping] [--json] [flags]",
 		help: `
 Measures what the database does as a queue with no queue software: creates a
 table with the columns, checks and defaults of files.files and a partial
@@ -134,8 +134,17 @@ With --api the same loop runs on the rows of files.files through the SQL
 API, as a worker in any language would: files.claim_batch for --batch slots
 of each connection (committed asynchronously, as pgworker run claims) and
 files.complete_many for what it took. Set beside the bare loop, it shows what
-the bookkeeping of exactly-once outcomes costs at the same batch size.`,
-		examples: "pgworker bench skiplocked\npgworker bench skiplocked --rows 100000 --clients 8 --batch 100 --json\npgworker bench skiplocked --api --json",
+the bookkeeping of exactly-once outcomes costs at the same batch size.
+
+With --bookkeeping the bare loop writes what pgworker's guarantees keep, and
+nothing more: an index of the running rows by slot (as files_running_idx), a
+token's hash written at the claim and checked at the completion, a history
+row per outcome in a table of files.attempts' shape, and a line of counts per
+completion in a table of files.queue_counts' shape; its claims commit
+asynchronously, as pgworker's do. It is the ceiling of a queue that keeps
+those rows on this database, with no functions and no runtime.`,
+		examples: "pgworker bench skiplocked\npgworker bench skiplocked --rows 100000 --clients 8 --batch 100 --json\n" +
+			"pgworker bench skiplocked --api --json\npgworker bench skiplocked --bookkeeping --json",
 	},
 	"cpu": {
 		name: "bench cpu", args: "[--rate R] [--duration D] [--rows N] [--slots N] [--json] [flags]",
@@ -368,7 +377,7 @@ type benchFlags struct {
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
 	batches, exportRows, clients, attempts, depth                     int
 	rate, present                                                     float64
-	noKey, fairShare, api                                             bool
+	noKey, fairShare, api, bookkeeping                                bool
 	maxRunning                                                        int
 	depths, execCmd, inputStore, outputStore, poolURL                 string
 	interval, duration, phase, sampleEvery, pruneEvery, keep          time.Duration
@@ -401,6 +410,7 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.clients, "clients", 8, "`N` connections claiming and completing at once")
 		fs.IntVar(&f.batchSize, "batch", 100, "`N` rows per claim and per completion")
 		fs.BoolVar(&f.api, "api", false, "claim and complete the rows of files.files through the SQL API (files.claim_batch, files.complete_many) instead of bare statements")
+		fs.BoolVar(&f.bookkeeping, "bookkeeping", false, "the bare loop with the rows pgworker's guarantees write: a running index, a token's hash, a history row, counts")
 	case "cpu":
 		fs.Float64Var(&f.rate, "rate", 200, "rows inserted per second, one per transaction; 0: --rows burnt down at peak")
 		fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long to insert at --rate")
@@ -564,7 +574,7 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 	case "claim-depth":
 		return b.ClaimDepth(ctx, &bench.ClaimDepthConfig{Depths: f.depthList, Claims: f.claims})
 	case "skiplocked":
-		return b.SkipLocked(ctx, &bench.SkipLockedConfig{Rows: f.rows, Clients: f.clients, Batch: f.batchSize, API: f.api})
+		return b.SkipLocked(ctx, &bench.SkipLockedConfig{Rows: f.rows, Clients: f.clients, Batch: f.batchSize, API: f.api, Bookkeeping: f.bookkeeping})
 	case "cpu":
 		return b.CPU(ctx, &bench.CPUConfig{
 			Rate: f.rate, Duration: f.duration, Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns, ClaimCooldown: f.claimCooldown,
@@ -698,8 +708,15 @@ func benchText(res any) string {
 			r.RatioDepths[0], r.RatioDepths[1], r.RatioClaimBatch, r.RatioClaim)
 		return b.String()
 	case *bench.SkipLockedResult:
-		return fmt.Sprintf("skiplocked: %d rows, %d clients, %d rows per statement: %.0f rows/s (%.2f s)",
-			r.Rows, r.Clients, r.Batch, r.RowsPerSec, r.ElapsedMS/1000)
+		kind := "bare"
+		switch {
+		case r.API:
+			kind = "SQL API"
+		case r.Bookkeeping:
+			kind = "bare with bookkeeping"
+		}
+		return fmt.Sprintf("skiplocked (%s): %d rows, %d clients, %d rows per statement: %.0f rows/s (%.2f s)",
+			kind, r.Rows, r.Clients, r.Batch, r.RowsPerSec, r.ElapsedMS/1000)
 	case *bench.CPUResult:
 		rate := "at peak"
 		if r.Rate > 0 {

@@ -416,11 +416,18 @@ func (rp *report) throughputGoal(slotCount, times float64) goal {
 func (rp *report) bareSkipLocked() []float64 { return rp.bareFigures("rows_per_sec") }
 
 // bareFigures returns key of the bare SKIP LOCKED loop's runs that report it
-// (not those through the SQL API), in run order.
+// (not those through the SQL API or with the guarantees' writes), in run
+// order.
 func (rp *report) bareFigures(key string) []float64 {
+	return rp.skipLockedFigures(key, func(r result) bool { return r["api"] != true && r["bookkeeping"] != true })
+}
+
+// skipLockedFigures returns key of the skiplocked runs that report it and
+// that keep accepts, in run order.
+func (rp *report) skipLockedFigures(key string, keep func(result) bool) []float64 {
 	var out []float64
 	for _, r := range rp.all("pgworker", "skiplocked") {
-		if r["api"] != true && r.n(key) > 0 {
+		if keep(r) && r.n(key) > 0 {
 			out = append(out, r.n(key))
 		}
 	}
@@ -441,7 +448,23 @@ func (rp *report) skipLockedGoal() goal {
 	pct := median(pg) / median(bare) * 100
 	return goal{name, target, fmt.Sprintf("%s vs %s rows/s: %.0f%% (medians of %d and %d runs)",
 		thousands(median(pg)), thousands(median(bare)), math.Floor(pct), len(pg), len(bare)),
-		verdict(pct >= 80, fmt.Sprintf("%.0f%%, %.0f points short", math.Floor(pct), 80-math.Floor(pct))+rp.peakCPUSplit())}
+		verdict(pct >= 80, fmt.Sprintf("%.0f%%, %.0f points short", math.Floor(pct), 80-math.Floor(pct))+rp.skipLockedSteps(bare)+rp.peakCPUSplit())}
+}
+
+// skipLockedSteps says what each layer between the bare loop and the SQL
+// API costs, medians of the runs: the rows the guarantees write (the bare
+// loop with them), then the SQL API's functions. Empty when a figure is
+// missing.
+func (rp *report) skipLockedSteps(bare []float64) string {
+	kept := rp.skipLockedFigures("rows_per_sec", func(r result) bool { return r["bookkeeping"] == true })
+	api := rp.skipLockedFigures("rows_per_sec", func(r result) bool { return r["api"] == true })
+	if len(kept) == 0 || len(api) == 0 {
+		return ""
+	}
+	b, k, a := median(bare), median(kept), median(api)
+	return fmt.Sprintf(". Step by step (medians, rows/s): the bare loop %s; with the rows the guarantees write (a history row, "+
+		"the running rows' index, the token's hash, the counts) %s, %.0f%% of it; through the SQL API's functions %s, %.0f%% of it",
+		thousands(b), thousands(k), math.Floor(k/b*100), thousands(a), math.Floor(a/b*100))
 }
 
 // peakCPUSplit says where a burnt-down row's CPU goes, pgworker's at 2,000
@@ -919,14 +942,22 @@ func renderSkipLocked(p printer, rp *report) {
 	p("`files.files` calling `files.claim_batch` (committed asynchronously, as `pgworker run`\n")
 	p("claims) and `files.complete_many`, as a worker in any language would, with no worker\n")
 	p("runtime around them: what the bookkeeping of exactly-once outcomes costs at the same\n")
-	p("batch size (slot keys, tokens, the history row, the queue's counts).\n\n")
+	p("batch size (slot keys, tokens, the history row, the queue's counts). Between the two,\n")
+	p("the bare loop with the rows those guarantees write and nothing else (`--bookkeeping`): an\n")
+	p("index of the running rows by slot, a token's hash written at the claim and checked at\n")
+	p("the completion, a history row per outcome in a table of `files.attempts`' shape, a line\n")
+	p("of counts per completion, its claims committed asynchronously: what the rows themselves\n")
+	p("cost, apart from the functions that write them.\n\n")
 	p("The CPU per row is the server's processes' (as `bench cpu` reads them) and the benchmark's\n")
 	p("own, its clients', over the burn-down.\n\n")
 	p("| statements | rows | clients | rows per statement | rows/s | elapsed | database CPU per row | client CPU per row |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		how := "bare"
-		if r["api"] == true {
+		switch {
+		case r["api"] == true:
 			how = "SQL API"
+		case r["bookkeeping"] == true:
+			how = "bare, with the guarantees' rows"
 		}
 		server, client := "—", "—"
 		if r.n("server_cpu_ms_per_row") > 0 {

@@ -221,6 +221,27 @@ func TestSkipLockedGoalSplitsTheCPU(t *testing.T) {
 	}
 }
 
+// The bare loop with the guarantees' rows is a step of its own between the
+// bare loop and the SQL API, never taken for the bare loop itself.
+func TestSkipLockedGoalSteps(t *testing.T) {
+	t.Parallel()
+	const results = `{"mode":"throughput","system":"pgworker","rows":50000,"slots":2000,"rows_per_sec":15000}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"rows_per_sec":30000}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"bookkeeping":true,"rows_per_sec":24000}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"api":true,"rows_per_sec":12000}
+`
+	g := (&report{results: readSample(t, results), date: time.Now()}).skipLockedGoal()
+	if !strings.Contains(g.measured, "15,000 vs 30,000 rows/s: 50%") {
+		t.Errorf("measured %q: the bare loop is not the one without bookkeeping", g.measured)
+	}
+	for _, want := range []string{"the bare loop 30,000", "the token's hash, the counts) 24,000, 80% of it",
+		"through the SQL API's functions 12,000, 40% of it"} {
+		if !strings.Contains(g.verdict, want) {
+			t.Errorf("verdict %q lacks %q", g.verdict, want)
+		}
+	}
+}
+
 // readSample reads results as readResults reads a file of them.
 func readSample(t *testing.T, results string) []result {
 	t.Helper()
