@@ -331,24 +331,7 @@ func explain(err error) error {
 // copyRows loads sources into Queue with COPY, each allowed one attempt, so
 // that a failing row ends at once instead of being retried with backoff.
 func (b *Bench) copyRows(ctx context.Context, sources func(i int) string, n int) error {
-	vals := make([]any, 3)
-	i := -1
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		i++
-		if i >= n {
-			return nil, nil
-		}
-		vals[0], vals[1], vals[2] = Queue, sources(i), int32(1)
-		return vals, nil
-	})
-	got, err := b.pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, []string{"queue", "source", "max_attempts"}, src)
-	if err != nil {
-		return fmt.Errorf("bench: COPY scratch rows: %w", explain(err))
-	}
-	if got != int64(n) {
-		return fmt.Errorf("bench: COPY loaded %d rows, want %d", got, n)
-	}
-	return nil
+	return b.copyRowsWith(ctx, sources, n, 0, nil)
 }
 
 // vacuum gives the planner fresh statistics of the scratch rows, as

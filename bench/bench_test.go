@@ -117,6 +117,22 @@ func TestThroughput(t *testing.T) {
 	cleanedUp(t, pool)
 }
 
+// Rows with payloads of a given size burn down as others do, and the run
+// says the size it gave them.
+func TestThroughputWithPayloads(t *testing.T) {
+	t.Parallel()
+	b, pool := newBench(t, nil)
+	res, err := b.Throughput(context.Background(), &bench.ThroughputConfig{Rows: 50, Slots: 4, PayloadBytes: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := shape(t, res, "throughput")
+	if n, ok := m["payload_bytes"].(float64); !ok || n > 2000 || n < 1950 {
+		t.Errorf("payload_bytes %v, want about 2000", m["payload_bytes"])
+	}
+	cleanedUp(t, pool)
+}
+
 func TestLatency(t *testing.T) {
 	t.Parallel()
 	b, pool := newBench(t, nil)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"testing/iotest"
@@ -54,5 +55,24 @@ func TestLines(t *testing.T) {
 	}
 	if n != 12345 {
 		t.Errorf("%d lines, want 12345", n)
+	}
+}
+
+// A payload of n bytes is a JSON object of at most n bytes, within one item
+// of n, and none is made below the size of one item.
+func TestPayloadOf(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{0, 10, 33, 34, 40, 1000, 10000} {
+		p := payloadOf(n)
+		if n < 34 { // {"items":[{"i":0,"v":"01234567"}]}
+			if p != nil {
+				t.Errorf("payloadOf(%d) = %q, want nil", n, p)
+			}
+			continue
+		}
+		var v map[string]any
+		if err := json.Unmarshal(p, &v); err != nil || len(p) > n || len(p) < n-30 {
+			t.Errorf("payloadOf(%d): %d bytes, %v", n, len(p), err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -31,6 +32,10 @@ type ThroughputConfig struct {
 	// Batches spreads the rows over this many batches, row i in batch
 	// i % Batches. Defaults to 0: rows without a batch.
 	Batches int
+	// PayloadBytes gives each row a payload of about this many bytes as
+	// text: a list of small objects, as a row's metadata often is.
+	// Defaults to 0: the empty object.
+	PayloadBytes int
 }
 
 // ThroughputResult is what Throughput measured.
@@ -43,6 +48,8 @@ type ThroughputResult struct {
 	MaxRunning int  `json:"max_running"`
 	FairShare  bool `json:"fair_share"`
 	Batches    int  `json:"batches"`
+	// PayloadBytes is each row's payload as text; 0 is the empty object.
+	PayloadBytes int `json:"payload_bytes,omitempty"`
 	// InsertMS is the COPY of the rows beforehand, not counted.
 	InsertMS float64 `json:"insert_ms"`
 	// StartMS is the worker's start (registering its slots, connecting its
@@ -68,6 +75,10 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 	c.MaxConns = orDefault(c.MaxConns, 8)
 	res := &ThroughputResult{Rows: c.Rows, Slots: c.Slots, MaxConns: c.MaxConns,
 		MaxRunning: max(c.MaxRunning, 0), FairShare: c.FairShare, Batches: max(c.Batches, 0)}
+	payload := payloadOf(c.PayloadBytes)
+	if payload != nil {
+		res.PayloadBytes = len(payload)
+	}
 	err := b.run(ctx, "throughput", func(ctx context.Context) (err error) {
 		res.Setup = b.setup("throughput")
 		if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
@@ -80,10 +91,8 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 		source := func(i int) string { return "throughput/" + strconv.Itoa(i) }
 		if res.Batches > 0 {
 			defer b.deleteBatches(context.WithoutCancel(ctx))
-			err = b.copyBatchRows(ctx, source, c.Rows, res.Batches)
-		} else {
-			err = b.copyRows(ctx, source, c.Rows)
 		}
+		err = b.copyRowsWith(ctx, source, c.Rows, res.Batches, payload)
 		if err != nil {
 			return err
 		}
@@ -151,19 +160,35 @@ func (b *Bench) queueSettings(ctx context.Context, maxRunning int, fairShare boo
 	return nil
 }
 
-// copyBatchRows is copyRows with row i in batch pgworker-bench-(i % batches).
-func (b *Bench) copyBatchRows(ctx context.Context, sources func(i int) string, n, batches int) error {
-	vals := make([]any, 4)
+// copyRowsWith is copyRows with row i in batch pgworker-bench-(i % batches)
+// when batches is above 0, and payload (JSON) in every row when not nil.
+func (b *Bench) copyRowsWith(ctx context.Context, sources func(i int) string, n, batches int, payload []byte) error {
+	cols := []string{"queue", "source", "max_attempts"}
+	if batches > 0 {
+		cols = append(cols, "batch")
+	}
+	if payload != nil {
+		cols = append(cols, "payload")
+	}
+	vals := make([]any, len(cols))
 	i := -1
 	src := pgx.CopyFromFunc(func() ([]any, error) {
 		i++
 		if i >= n {
 			return nil, nil
 		}
-		vals[0], vals[1], vals[2], vals[3] = Queue, sources(i), int32(1), batchPrefix+strconv.Itoa(i%batches)
+		vals[0], vals[1], vals[2] = Queue, sources(i), int32(1)
+		k := 3
+		if batches > 0 {
+			vals[k] = batchPrefix + strconv.Itoa(i%batches)
+			k++
+		}
+		if payload != nil {
+			vals[k] = payload
+		}
 		return vals, nil
 	})
-	got, err := b.pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, []string{"queue", "source", "max_attempts", "batch"}, src)
+	got, err := b.pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, cols, src)
 	if err != nil {
 		return fmt.Errorf("bench: COPY scratch rows: %w", explain(err))
 	}
@@ -171,6 +196,29 @@ func (b *Bench) copyBatchRows(ctx context.Context, sources func(i int) string, n
 		return fmt.Errorf("bench: COPY loaded %d rows, want %d", got, n)
 	}
 	return nil
+}
+
+// payloadOf returns a JSON object of about n bytes (never more), a list of
+// small objects as a row's metadata often is ({"items":[{"i":0,"v":"..."},
+// ...]}, 8 hex digits of a fixed pseudo-random sequence in each), or nil for
+// n too small to hold one item.
+func payloadOf(n int) []byte {
+	const head, tail = `{"items":[`, `]}`
+	r := rand.New(rand.NewPCG(1, 2))
+	out := []byte(head)
+	for i := 0; ; i++ {
+		item := fmt.Appendf(nil, `{"i":%d,"v":"%08x"}`, i, r.Uint32())
+		if i > 0 {
+			item = append([]byte{','}, item...)
+		}
+		if len(out)+len(item)+len(tail) > n {
+			if i == 0 {
+				return nil
+			}
+			return append(out, tail...)
+		}
+		out = append(out, item...)
+	}
 }
 
 // deleteBatches removes the benchmark's batches.

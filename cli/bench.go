@@ -79,13 +79,16 @@ pgworker bench soak --duration 30m --rate 500 --prune-every 1m`,
 
 var benchModes = map[string]*command{
 	"throughput": {
-		name: "bench throughput", args: "[--rows N] [--slots N] [--json] [flags]",
+		name: "bench throughput", args: "[--rows N] [--slots N] [--payload-bytes N] [--json] [flags]",
 		help: `
 Loads --rows rows into the paused queue pgworker-bench with COPY (not timed),
 starts a worker runtime with --slots slots and a no-op handler, resumes the
 queue and times it until every outcome is recorded. JSON: rows_per_sec,
-elapsed_ms, insert_ms, start_ms (the worker's start, not timed), claims.`,
-		examples: "pgworker bench throughput --rows 20000 --slots 100\npgworker bench throughput --rows 50000 --slots 2000 --json",
+elapsed_ms, insert_ms, start_ms (the worker's start, not timed), claims.
+--payload-bytes gives every row a payload of about that size as text (a
+list of small JSON objects), to see what the rows' payloads cost.`,
+		examples: "pgworker bench throughput --rows 20000 --slots 100\npgworker bench throughput --rows 50000 --slots 2000 --json\n" +
+			"pgworker bench throughput --rows 20000 --slots 2000 --payload-bytes 10000",
 	},
 	"latency": {
 		name: "bench latency", args: "[--rows N] [--rate R] [--slots N] [--json] [flags]",
@@ -375,7 +378,7 @@ type benchFlags struct {
 	timeout time.Duration
 
 	rows, slots, maxConns, claims, processes, batchSize, size, rounds int
-	batches, exportRows, clients, attempts, depth                     int
+	batches, exportRows, clients, attempts, depth, payloadBytes       int
 	rate, present                                                     float64
 	noKey, fairShare, api, bookkeeping                                bool
 	maxRunning                                                        int
@@ -397,6 +400,7 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.IntVar(&f.maxRunning, "max-running", 0, "cap the queue's running rows at `N` (files.queues.max_running), to measure what the cap costs; 0 for none")
 		fs.BoolVar(&f.fairShare, "fair-share", false, "let the queue's batches take turns (files.queues.fair_share)")
 		fs.IntVar(&f.batches, "batches", 0, "spread the rows over `N` batches (0: rows without a batch)")
+		fs.IntVar(&f.payloadBytes, "payload-bytes", 0, "give each row a payload of `N` bytes as text (0: the empty object)")
 	case "latency":
 		fs.IntVar(&f.rows, "rows", 500, "`N` rows to insert and time")
 		fs.Float64Var(&f.rate, "rate", 50, "rows inserted per second")
@@ -568,7 +572,7 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 	switch f.mode {
 	case "throughput":
 		return b.Throughput(ctx, &bench.ThroughputConfig{Rows: f.rows, Slots: f.slots, MaxConns: f.maxConns,
-			MaxRunning: f.maxRunning, FairShare: f.fairShare, Batches: f.batches})
+			MaxRunning: f.maxRunning, FairShare: f.fairShare, Batches: f.batches, PayloadBytes: f.payloadBytes})
 	case "latency":
 		return b.Latency(ctx, &bench.LatencyConfig{Rows: f.rows, Rate: f.rate, Slots: f.slots, ClaimCooldown: f.claimCooldown})
 	case "claim-depth":

@@ -246,11 +246,13 @@ func (rp *report) runs(system, mode string, slotCount float64, k kind) []result 
 }
 
 // throughputs returns the rows/s of system's burn-downs at slotCount (see
-// runs), in run order.
+// runs) of rows with the empty payload, in run order.
 func (rp *report) throughputs(system string, slotCount float64) []float64 {
 	var out []float64
 	for _, r := range rp.runs(system, "throughput", slotCount, plain) {
-		out = append(out, r.n("rows_per_sec"))
+		if r.n("payload_bytes") == 0 {
+			out = append(out, r.n("rows_per_sec"))
+		}
 	}
 	return out
 }
