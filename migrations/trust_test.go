@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -221,6 +222,50 @@ func TestScriptWorkerWithKey(t *testing.T) {
 	if !queryBool(t, script, "SELECT files.fail($1, 'host:9', $2, $3, 'broken', false)", id, attempt, token) {
 		t.Fatal("fail refused")
 	}
+}
+
+// A payload is checked when it is written, by INSERT, COPY or an UPDATE that
+// sets it, and not by the claims, heartbeats and outcomes that update its
+// row: a row whose payload the check would refuse (written while the
+// trigger was disabled) is claimed, kept alive and completed.
+func TestPayloadCheckedWhenWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	refusedBy := func(what, constraint string, err error) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != constraint {
+			t.Errorf("%s: got %v, want SQLSTATE 23514 from %s", what, err, constraint)
+		}
+	}
+	const big = `jsonb_build_object('x', repeat('a', 1048576))`
+
+	_, err := pool.CopyFrom(ctx, pgx.Identifier{"files", "files"}, []string{"source", "payload"},
+		pgx.CopyFromRows([][]any{{"fits", map[string]any{"a": 1}}, {"a list", []any{1}}}))
+	refusedBy("COPY of a list", "files_payload_is_object", err)
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.files"); n != 0 {
+		t.Fatalf("a refused COPY left %d rows", n)
+	}
+	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('fine')")
+	_, err = pool.Exec(ctx, "UPDATE files.files SET payload = '[1]' WHERE source = 'fine'")
+	refusedBy("UPDATE to a list", "files_payload_is_object", err)
+	_, err = pool.Exec(ctx, "UPDATE files.files SET payload = "+big+" WHERE source = 'fine'")
+	refusedBy("UPDATE to over 1 MiB", "files_payload_at_most_1mib", err)
+
+	mustExec(t, pool, "ALTER TABLE files.files DISABLE TRIGGER files_payload_checked")
+	mustExec(t, pool, "INSERT INTO files.files (source, queue, payload) VALUES ('written around the check', 'old', "+big+")")
+	mustExec(t, pool, "ALTER TABLE files.files ENABLE TRIGGER files_payload_checked")
+	h := claimOne(t, pool, "w", "old")
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.heartbeat($1, 'w')", testKey); n != 1 {
+		t.Fatalf("heartbeat kept %d rows, want 1", n)
+	}
+	if !queryBool(t, pool, "SELECT files.complete($1, 'w', $2, $3, '{}')", h.id, h.attempt, h.token) {
+		t.Fatal("complete refused")
+	}
+	// Setting it still checks it, on that row too.
+	_, err = pool.Exec(ctx, "UPDATE files.files SET payload = payload WHERE source = 'written around the check'")
+	refusedBy("UPDATE that sets the payload again", "files_payload_at_most_1mib", err)
 }
 
 // Payloads are bounded (1 MiB of text), and an empty queue name is an error

@@ -75,8 +75,6 @@ CREATE TABLE files.files (
     unique_key        text        COLLATE "C",
     CONSTRAINT files_queue_valid CHECK (queue <> '' AND length(queue) <= 128),
     CONSTRAINT files_source_not_empty CHECK (source <> ''),
-    CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
-    CONSTRAINT files_payload_at_most_1mib CHECK (octet_length(payload::text) <= 1048576),
     CONSTRAINT files_state_valid CHECK (state IN ('pending', 'running', 'done', 'failed', 'cancelled')),
     CONSTRAINT files_worker_iff_running CHECK ((state = 'running') = (worker_id IS NOT NULL)),
     CONSTRAINT files_lease_iff_running CHECK ((state = 'running') = (lease_expires_at IS NOT NULL)),
@@ -418,6 +416,43 @@ CREATE TRIGGER files_enqueued
     FOR EACH STATEMENT EXECUTE FUNCTION files.notify_enqueued();
 COMMENT ON TRIGGER files_enqueued ON files.files IS
     'Wakes idle workers: NOTIFY files_pending with the queue name, once per statement and queue.';
+
+-- What a payload may be: a JSON object of at most 1 MiB as text, checked when
+-- it is written. Not a CHECK constraint: PostgreSQL checks each of those at
+-- every UPDATE of a row, and these conditions read the payload whole, at
+-- every claim, heartbeat and outcome. The trigger's WHEN condition is tested
+-- with the row; the function runs only to refuse it. An AFTER trigger: COPY
+-- writes its rows in batches only when the table has no BEFORE row trigger.
+
+CREATE FUNCTION files.refuse_payload() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF jsonb_typeof(NEW.payload) <> 'object' THEN
+        RAISE EXCEPTION 'files.files: a payload is a JSON object (files_payload_is_object), not %', jsonb_typeof(NEW.payload)
+            USING ERRCODE = 'check_violation', SCHEMA = 'files', TABLE = 'files', COLUMN = 'payload',
+                  CONSTRAINT = 'files_payload_is_object';
+    END IF;
+    RAISE EXCEPTION 'files.files: a payload is at most 1 MiB as text (files_payload_at_most_1mib), and this one is % bytes',
+            octet_length(NEW.payload::text)
+        USING ERRCODE = 'check_violation', SCHEMA = 'files', TABLE = 'files', COLUMN = 'payload',
+              CONSTRAINT = 'files_payload_at_most_1mib',
+              HINT = 'Store large data as an object and put its key in the payload.';
+END
+$$;
+COMMENT ON FUNCTION files.refuse_payload() IS
+    'Trigger of files.files (files_payload_checked): refuses a payload that is not a JSON object '
+    '(files_payload_is_object) or is over 1 MiB as text (files_payload_at_most_1mib), SQLSTATE 23514.';
+
+CREATE TRIGGER files_payload_checked
+    AFTER INSERT OR UPDATE OF payload ON files.files
+    FOR EACH ROW
+    WHEN (jsonb_typeof(NEW.payload) <> 'object' OR octet_length(NEW.payload::text) > 1048576)
+    EXECUTE FUNCTION files.refuse_payload();
+COMMENT ON TRIGGER files_payload_checked ON files.files IS
+    'A payload is a JSON object of at most 1 MiB as text, checked when it is written (insert, COPY, UPDATE of payload), '
+    'not at the claims, heartbeats and outcomes that update the row.';
 
 -- What DELETE and TRUNCATE of files.files do: the attempts of the deleted rows
 -- go with them, once per statement.
