@@ -481,7 +481,7 @@ func (rp *report) peakCPUSplit() string {
 	}
 	ps, pw, bs, bc := median(pgServer), median(pgWorker), median(bareServer), median(bareClient)
 	return fmt.Sprintf(". CPU per row at peak (medians): the database %.4f ms for pgworker against %.4f ms for the bare loop "+
-		"(%.2fx: the history row, the token, the slots' check, the counts and the indexes they keep), the worker process %.4f ms "+
+		"(%.2fx), the worker process %.4f ms "+
 		"against the bare client's %.4f ms; the machine's cores run both, and the sums predict %.0f%%",
 		ps, bs, ps/bs, pw, bc, (bs+bc)/(ps+pw)*100)
 }
