@@ -12,9 +12,15 @@
 -- The row trigger files_payload_checked tests the same two conditions on
 -- the rows inserted and on those whose payload an UPDATE sets: its WHEN
 -- condition is evaluated with the row, and its function runs only to refuse,
--- with the same SQLSTATE (23514) and constraint names as before. An AFTER
--- trigger, as COPY writes its rows in batches only when the table has no
--- BEFORE row trigger.
+-- with the same SQLSTATE (23514) and constraint names as before, and the
+-- row's id and source in the DETAIL. An AFTER trigger, as COPY writes its
+-- rows in batches only when the table has no BEFORE INSERT row trigger. What
+-- differs from the constraints: the refusal comes at the end of the
+-- statement; a row that an ON CONFLICT clause does not insert is not checked
+-- (nothing of it is stored); a row that breaks another constraint too reports
+-- that one first; and, as every trigger, it does not fire in a session with
+-- session_replication_role = replica (superusers, logical replication), nor
+-- does files_enqueued.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -26,12 +32,14 @@ BEGIN
     IF jsonb_typeof(NEW.payload) <> 'object' THEN
         RAISE EXCEPTION 'files.files: a payload is a JSON object (files_payload_is_object), not %', jsonb_typeof(NEW.payload)
             USING ERRCODE = 'check_violation', SCHEMA = 'files', TABLE = 'files', COLUMN = 'payload',
-                  CONSTRAINT = 'files_payload_is_object';
+                  CONSTRAINT = 'files_payload_is_object',
+                  DETAIL = format('Failing row: id %s, queue %s, source %s.', NEW.id, NEW.queue, left(NEW.source, 200));
     END IF;
     RAISE EXCEPTION 'files.files: a payload is at most 1 MiB as text (files_payload_at_most_1mib), and this one is % bytes',
             octet_length(NEW.payload::text)
         USING ERRCODE = 'check_violation', SCHEMA = 'files', TABLE = 'files', COLUMN = 'payload',
               CONSTRAINT = 'files_payload_at_most_1mib',
+              DETAIL = format('Failing row: id %s, queue %s, source %s.', NEW.id, NEW.queue, left(NEW.source, 200)),
               HINT = 'Store large data as an object and put its key in the payload.';
 END
 $$;
@@ -53,12 +61,9 @@ COMMENT ON TRIGGER files_payload_checked ON files.files IS
 ALTER TABLE files.files DROP CONSTRAINT files_payload_is_object, DROP CONSTRAINT files_payload_at_most_1mib;
 
 -- +goose Down
--- The rows were checked by the trigger; validated without blocking writes
--- the way adding a checked constraint would.
+-- One scan of the table checks both (under an exclusive lock, as any Down).
 ALTER TABLE files.files
-    ADD CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object') NOT VALID,
-    ADD CONSTRAINT files_payload_at_most_1mib CHECK (octet_length(payload::text) <= 1048576) NOT VALID;
-ALTER TABLE files.files VALIDATE CONSTRAINT files_payload_is_object;
-ALTER TABLE files.files VALIDATE CONSTRAINT files_payload_at_most_1mib;
+    ADD CONSTRAINT files_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
+    ADD CONSTRAINT files_payload_at_most_1mib CHECK (octet_length(payload::text) <= 1048576);
 DROP TRIGGER files_payload_checked ON files.files;
 DROP FUNCTION files.refuse_payload();

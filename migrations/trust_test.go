@@ -247,6 +247,18 @@ func TestPayloadCheckedWhenWritten(t *testing.T) {
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.files"); n != 0 {
 		t.Fatalf("a refused COPY left %d rows", n)
 	}
+	// One bad row among good ones: the statement stores none, and the
+	// error names the row.
+	_, err = pool.Exec(ctx, `INSERT INTO files.files (source, payload)
+		SELECT 'row ' || i, CASE WHEN i = 7 THEN `+big+` ELSE '{}' END FROM generate_series(1, 10) i`)
+	refusedBy("INSERT of ten rows, one too large", "files_payload_at_most_1mib", err)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !strings.Contains(pgErr.Detail, "source row 7") {
+		t.Errorf("the refusal does not name the row: %v", err)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.files"); n != 0 {
+		t.Fatalf("a refused INSERT left %d rows", n)
+	}
 	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('fine')")
 	_, err = pool.Exec(ctx, "UPDATE files.files SET payload = '[1]' WHERE source = 'fine'")
 	refusedBy("UPDATE to a list", "files_payload_is_object", err)

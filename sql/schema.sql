@@ -422,7 +422,8 @@ COMMENT ON TRIGGER files_enqueued ON files.files IS
 -- every UPDATE of a row, and these conditions read the payload whole, at
 -- every claim, heartbeat and outcome. The trigger's WHEN condition is tested
 -- with the row; the function runs only to refuse it. An AFTER trigger: COPY
--- writes its rows in batches only when the table has no BEFORE row trigger.
+-- writes its rows in batches only when the table has no BEFORE INSERT row
+-- trigger.
 
 CREATE FUNCTION files.refuse_payload() RETURNS trigger
 LANGUAGE plpgsql
@@ -432,12 +433,14 @@ BEGIN
     IF jsonb_typeof(NEW.payload) <> 'object' THEN
         RAISE EXCEPTION 'files.files: a payload is a JSON object (files_payload_is_object), not %', jsonb_typeof(NEW.payload)
             USING ERRCODE = 'check_violation', SCHEMA = 'files', TABLE = 'files', COLUMN = 'payload',
-                  CONSTRAINT = 'files_payload_is_object';
+                  CONSTRAINT = 'files_payload_is_object',
+                  DETAIL = format('Failing row: id %s, queue %s, source %s.', NEW.id, NEW.queue, left(NEW.source, 200));
     END IF;
     RAISE EXCEPTION 'files.files: a payload is at most 1 MiB as text (files_payload_at_most_1mib), and this one is % bytes',
             octet_length(NEW.payload::text)
         USING ERRCODE = 'check_violation', SCHEMA = 'files', TABLE = 'files', COLUMN = 'payload',
               CONSTRAINT = 'files_payload_at_most_1mib',
+              DETAIL = format('Failing row: id %s, queue %s, source %s.', NEW.id, NEW.queue, left(NEW.source, 200)),
               HINT = 'Store large data as an object and put its key in the payload.';
 END
 $$;
