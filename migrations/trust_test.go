@@ -227,7 +227,8 @@ func TestScriptWorkerWithKey(t *testing.T) {
 // A payload is checked when it is written, by INSERT, COPY or an UPDATE that
 // sets it, and not by the claims, heartbeats and outcomes that update its
 // row: a row whose payload the check would refuse (written while the
-// trigger was disabled) is claimed, kept alive and completed.
+// trigger was disabled) is claimed, kept alive and completed, though not
+// copied into a next stage.
 func TestPayloadCheckedWhenWritten(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -272,6 +273,11 @@ func TestPayloadCheckedWhenWritten(t *testing.T) {
 	if n := queryInt(t, pool, "SELECT count(*) FROM files.heartbeat($1, 'w')", testKey); n != 1 {
 		t.Fatalf("heartbeat kept %d rows, want 1", n)
 	}
+	// A next stage's rows copy the payload: they are checked as they are
+	// inserted, and the refusal undoes the completion with them.
+	_, err = pool.Exec(ctx, "SELECT files.complete($1, 'w', $2, $3, $4, NULL, 'next')", h.id, h.attempt, h.token,
+		`{"outputs": [{"key": "out/1"}]}`)
+	refusedBy("complete with then_queue copying the payload", "files_payload_at_most_1mib", err)
 	if !queryBool(t, pool, "SELECT files.complete($1, 'w', $2, $3, '{}')", h.id, h.attempt, h.token) {
 		t.Fatal("complete refused")
 	}
