@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -332,18 +331,32 @@ func burnDown(conns []*pgx.Conn, loop func(i int, conn *pgx.Conn) error) (time.D
 // with bookkeeping, with the statements that write what the guarantees keep,
 // each claim's tokens salted afresh.
 func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int, bookkeeping bool) error {
+	claim := func() (pgx.Rows, error) { return conn.Query(ctx, sqlSkipClaim, Queue, id, batch) }
+	complete := func(ids []int64) error {
+		_, err := conn.Exec(ctx, sqlSkipComplete, ids)
+		return err
+	}
+	if bookkeeping {
+		var salt string
+		claim = func() (pgx.Rows, error) {
+			salt = rand.Text()
+			return conn.Query(ctx, sqlKeepClaim, Queue, id, batch, salt)
+		}
+		complete = func(ids []int64) error {
+			var took int
+			if err := conn.QueryRow(ctx, sqlKeepComplete, ids, id, salt).Scan(&took); err != nil {
+				return err
+			}
+			if took != len(ids) {
+				return fmt.Errorf("recorded %d of %d outcomes", took, len(ids))
+			}
+			return nil
+		}
+	}
 	ids := make([]int64, 0, batch)
-	var salt [16]byte
 	for {
 		ids = ids[:0]
-		var rows pgx.Rows
-		var err error
-		if bookkeeping {
-			_, _ = rand.Read(salt[:])
-			rows, err = conn.Query(ctx, sqlKeepClaim, Queue, id, batch, hex.EncodeToString(salt[:]))
-		} else {
-			rows, err = conn.Query(ctx, sqlSkipClaim, Queue, id, batch)
-		}
+		rows, err := claim()
 		if err != nil {
 			return fmt.Errorf("bench: claim: %w", err)
 		}
@@ -362,18 +375,8 @@ func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int, b
 		if len(ids) == 0 {
 			return nil
 		}
-		if !bookkeeping {
-			if _, err := conn.Exec(ctx, sqlSkipComplete, ids); err != nil {
-				return fmt.Errorf("bench: complete: %w", err)
-			}
-			continue
-		}
-		var took int
-		if err := conn.QueryRow(ctx, sqlKeepComplete, ids, id, hex.EncodeToString(salt[:])).Scan(&took); err != nil {
+		if err := complete(ids); err != nil {
 			return fmt.Errorf("bench: complete: %w", err)
-		}
-		if took != len(ids) {
-			return fmt.Errorf("bench: complete recorded %d of %d outcomes", took, len(ids))
 		}
 	}
 }

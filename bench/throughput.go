@@ -76,9 +76,7 @@ func (b *Bench) Throughput(ctx context.Context, cfg *ThroughputConfig) (*Through
 	res := &ThroughputResult{Rows: c.Rows, Slots: c.Slots, MaxConns: c.MaxConns,
 		MaxRunning: max(c.MaxRunning, 0), FairShare: c.FairShare, Batches: max(c.Batches, 0)}
 	payload := payloadOf(c.PayloadBytes)
-	if payload != nil {
-		res.PayloadBytes = len(payload)
-	}
+	res.PayloadBytes = len(payload)
 	err := b.run(ctx, "throughput", func(ctx context.Context) (err error) {
 		res.Setup = b.setup("throughput")
 		if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
@@ -206,11 +204,8 @@ func payloadOf(n int) []byte {
 	const head, tail = `{"items":[`, `]}`
 	r := rand.New(rand.NewPCG(1, 2))
 	out := []byte(head)
-	for i := 0; ; i++ {
-		item := fmt.Appendf(nil, `{"i":%d,"v":"%08x"}`, i, r.Uint32())
-		if i > 0 {
-			item = append([]byte{','}, item...)
-		}
+	for i, sep := 0, ""; ; i, sep = i+1, "," {
+		item := fmt.Appendf(nil, `%s{"i":%d,"v":"%08x"}`, sep, i, r.Uint32())
 		if len(out)+len(item)+len(tail) > n {
 			if i == 0 {
 				return nil

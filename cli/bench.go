@@ -158,10 +158,11 @@ inserted one per transaction at --rate per second for --duration, or, with
 peak. Between the start and the last outcome it reads the CPU time of every
 process of the PostgreSQL server from /proc (the server must run on this
 machine; its postmaster is found as the parent of a backend that is also
-the parent of the server's checkpointer and writers), the CPU time of this process (the
-worker and the inserts), the WAL written and the database's transactions,
-and divides each by the rows. With the pg_stat_statements extension in the
-database, the statements with the most execution time are listed per row.
+the parent of the server's checkpointer and writers), the CPU time of this
+process (the worker and the inserts), the WAL written and the database's
+transactions, and divides each by the rows. With the pg_stat_statements
+extension in the database, the statements with the most execution time are
+listed per row.
 JSON: server_cpu_ms_per_row, worker_cpu_ms_per_row, wal_bytes_per_row,
 xacts_per_row, statements. --claim-cooldown gives the worker pgworker run's
 --claim-cooldown: River's trade of pickup latency for fewer claims.`,
