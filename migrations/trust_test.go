@@ -71,7 +71,7 @@ func TestForeignWorkerIsRefused(t *testing.T) {
 	victim := loginAs(t, dbURL, "pgworker_worker")
 	thief := loginAs(t, dbURL, "pgworker_worker")
 	reader := loginAs(t, dbURL, "pgworker_reader")
-	mustExec(t, admin, "INSERT INTO files.files (source) VALUES ('a'), ('b')")
+	mustExec(t, admin, "INSERT INTO files.files (source) VALUES ('a'), ('b'), ('c')")
 
 	const victimKey = "victim-key-0123456789"
 	var key string
@@ -109,8 +109,14 @@ func TestForeignWorkerIsRefused(t *testing.T) {
 		t.Fatalf("thief's own registration: %q, %v", thiefKey, err)
 	}
 
+	// The thief's own claim, and its token: good for its own row only.
+	var thiefToken string
+	if err := thief.QueryRow(ctx, "SELECT claim_token FROM files.claim_batch(ARRAY['t:2:0'], key => $1)", thiefKey).Scan(&thiefToken); err != nil {
+		t.Fatal(err)
+	}
+
 	forged := "wrong claim token"
-	for _, guess := range []string{"", "forged", hashHex, thiefKey, victimKey[:10]} {
+	for _, guess := range []string{"", "forged", hashHex, thiefKey, victimKey[:10], thiefToken} {
 		wantRefused(t, thief, "42501", forged, `SELECT files.complete($1, 'v:1:0', $2, $3, '{"forged": true}')`, id, attempt, guess)
 		wantRefused(t, thief, "42501", forged, `SELECT * FROM files.complete_many(ARRAY[$1::bigint], ARRAY['v:1:0'], ARRAY[$2::int], ARRAY[$3])`, id, attempt, guess)
 		wantRefused(t, thief, "42501", forged, `SELECT files.fail($1, 'v:1:0', $2, $3, 'forged', false)`, id, attempt, guess)
@@ -159,6 +165,21 @@ func TestForeignWorkerIsRefused(t *testing.T) {
 	if n := queryInt(t, victim, "SELECT count(*) FROM files.heartbeat($1, 'v:1:0')", victimKey); n != 1 {
 		t.Fatalf("victim's heartbeat saw %d rows, want 1", n)
 	}
+	// A token is one claim's: the slot's next claim has another, and
+	// neither works on the other's row.
+	var nextID int64
+	var nextToken string
+	if err := victim.QueryRow(ctx, "SELECT id, claim_token FROM files.claim('v:1:0', key => $1)", victimKey).Scan(&nextID, &nextToken); err != nil {
+		t.Fatal(err)
+	}
+	if nextToken == token {
+		t.Fatal("two claims returned the same token")
+	}
+	wantRefused(t, victim, "42501", forged, `SELECT files.complete($1, 'v:1:0', 1, $2, '{}')`, nextID, token)
+	wantRefused(t, victim, "42501", forged, `SELECT files.complete($1, 'v:1:0', $2, $3, '{}')`, id, attempt, nextToken)
+	if !queryBool(t, victim, `SELECT files.complete($1, 'v:1:0', 1, $2, '{}')`, nextID, nextToken) {
+		t.Fatal("the next claim's complete was refused")
+	}
 	if !queryBool(t, victim, `SELECT files.complete($1, 'v:1:0', $2, $3, '{"by": "victim"}')`, id, attempt, token) {
 		t.Fatal("the claimer's complete was refused")
 	}
@@ -174,6 +195,72 @@ func TestForeignWorkerIsRefused(t *testing.T) {
 	}
 	if n := queryInt(t, victim, "SELECT files.deregister_worker('v:1:0', $1)", victimKey); n != 0 {
 		t.Fatalf("deregister released %d rows", n)
+	}
+}
+
+// A claim token is the claim's: every row one call returns carries it, for
+// whichever of the call's slots, and records each of their outcomes; it is
+// good for no row of another call. Rows one call claims go to one caller
+// (one slot, or one process's slots under one key): the boundary SECURITY.md
+// states.
+func TestClaimTokenIsTheCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, dbURL)
+	w := loginAs(t, dbURL, "pgworker_worker")
+	mustExec(t, admin, "INSERT INTO files.files (source) SELECT 's' || g FROM generate_series(1, 4) g")
+	const key = "process-key-0123456789"
+
+	type claimed struct {
+		id      int64
+		worker  string
+		attempt int
+		token   string
+	}
+	claim := func(sql string) []claimed {
+		t.Helper()
+		rows, err := w.Query(ctx, sql, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []claimed
+		for rows.Next() {
+			var c claimed
+			if err := rows.Scan(&c.id, &c.worker, &c.attempt, &c.token); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, c)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	first := claim("SELECT id, worker_id, attempt, claim_token FROM files.claim_batch(ARRAY['p:1:0', 'p:1:1'], key => $1)")
+	second := claim("SELECT id, worker_id, attempt, claim_token FROM files.claim('p:1:2', NULL, 2, key => $1)")
+	if len(first) != 2 || len(second) != 2 {
+		t.Fatalf("claimed %d and %d rows, want 2 and 2", len(first), len(second))
+	}
+	if first[0].token != first[1].token || second[0].token != second[1].token {
+		t.Fatalf("a call's rows carry different tokens: %q %q, %q %q", first[0].token, first[1].token, second[0].token, second[1].token)
+	}
+	if first[0].token == second[0].token {
+		t.Fatal("two calls returned the same token")
+	}
+	for _, c := range first {
+		wantRefused(t, w, "42501", "wrong claim token", "SELECT files.complete($1, $2, $3, $4, '{}')", c.id, c.worker, c.attempt, second[0].token)
+	}
+	for _, c := range second {
+		wantRefused(t, w, "42501", "wrong claim token", "SELECT files.fail($1, $2, $3, $4, 'x')", c.id, c.worker, c.attempt, first[0].token)
+	}
+	for _, c := range append(first, second...) {
+		if !queryBool(t, w, "SELECT files.complete($1, $2, $3, $4, '{}')", c.id, c.worker, c.attempt, c.token) {
+			t.Fatalf("row %d: the claim's own token refused", c.id)
+		}
+	}
+	if n := queryInt(t, admin, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 4 {
+		t.Fatalf("%d rows done, want 4", n)
 	}
 }
 

@@ -519,8 +519,8 @@ COMMENT ON TRIGGER files_truncate_attempts ON files.files IS 'TRUNCATE files.fil
 -- (files.active_workers), so they cannot be what proves a caller's right to a
 -- row or a slot:
 --
--- * A claim hands its caller a secret per row (files.files.claim_token, set
---   only in the rows files.claim, files.claim_batch and
+-- * A claim hands its caller a secret (files.files.claim_token, one per
+--   call, set only in the rows files.claim, files.claim_batch and
 --   files.get_unprocessed_entry_by_priority return; the table keeps its
 --   SHA-256). complete, fail and release are fenced by worker id, attempt
 --   and that token; a wrong token is refused with an error.
@@ -1001,7 +1001,8 @@ DECLARE
     v_capped boolean;
     v_room   integer[];
     v_ids    bigint[];
-    v_salt   text := gen_random_uuid()::text;
+    v_token  text := gen_random_uuid()::text;
+    v_token_hash bytea := sha256(convert_to(v_token, 'UTF8'));
     r        files.files;
 BEGIN
     IF claim.worker_id IS NULL OR claim.worker_id = '' THEN
@@ -1060,12 +1061,13 @@ BEGIN
 
     -- The best rows of all queues, no more than each queue's cap leaves room
     -- for: files.pick, or, when a queue shares among its batches,
-    -- files.fair_pick (then without pick's hints). Each row's token is derived
-    -- from a random salt of this call: only its hash is written, and the
-    -- token itself goes into the returned row alone. The update finds its
-    -- rows by "id = ANY (v_ids)", an index condition in any plan; a join on
-    -- the ids let a plan made on a table of a few rows read the primary key
-    -- whole, and a session keeps its plans as the table grows.
+    -- files.fair_pick (then without pick's hints). The token is one random
+    -- secret of this call, in each row it returns (they all go to the one
+    -- caller): its hash, computed once, is written, and the token itself goes
+    -- into the returned rows alone. The update finds its rows by "id = ANY
+    -- (v_ids)", an index condition in any plan; a join on the ids let a plan
+    -- made on a table of a few rows read the primary key whole, and a session
+    -- keeps its plans as the table grows.
     IF true = ANY (v_fair) THEN
         v_ids := files.fair_pick(v_queues, v_fair, v_room, claim.max, claim.prefer);
     ELSE
@@ -1076,7 +1078,7 @@ BEGIN
             UPDATE files.files f
             SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
                 claimed_at = now(), lease_expires_at = now() + v_lease,
-                claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
+                claim_token_hash = v_token_hash
             WHERE f.id = ANY (v_ids)
             RETURNING f.*
         )
@@ -1085,7 +1087,7 @@ BEGIN
         SELECT c.* FROM claimed c
         ORDER BY CASE WHEN claim.prefer THEN array_position(v_queues, c.queue) END, c.priority DESC, c.id
     LOOP
-        r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
+        r.claim_token := v_token;
         RETURN NEXT r;
     END LOOP;
 END
@@ -1096,7 +1098,7 @@ COMMENT ON FUNCTION files.claim(text, text[], integer, text, boolean) IS
     'queue come before those of the queues after it in queues (work is taken from the next queue only while the ones '
     'before have none claimable). A queue''s cap (files.queues.max_running) is never exceeded, and the batches of a '
     'fair-share queue take turns (files.queues.fair_share). An unknown worker_id is '
-    'registered, with key if given; a slot that has a key requires it. Each returned row carries its claim_token, '
+    'registered, with key if given; a slot that has a key requires it. Each returned row carries the call''s claim_token, '
     'which files.complete, fail and release require. Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
 CREATE FUNCTION files.get_unprocessed_entry_by_priority(worker_id text, key text DEFAULT NULL)
@@ -1142,7 +1144,8 @@ DECLARE
     v_revive boolean;
     v_bad    text;
     v_key    bytea := sha256(convert_to(claim_batch.key, 'UTF8'));
-    v_salt   text := gen_random_uuid()::text;
+    v_token  text := gen_random_uuid()::text;
+    v_token_hash bytea := sha256(convert_to(v_token, 'UTF8'));
     v_start  double precision;
     v_ms     text;
     v_bound  double precision;
@@ -1216,7 +1219,7 @@ BEGIN
                 UPDATE files.files f
                 SET state = 'running', worker_id = z.worker_id, attempt = f.attempt + 1,
                     claimed_at = now(), lease_expires_at = now() + z.lease_timeout,
-                    claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
+                    claim_token_hash = v_token_hash
                 FROM go, picked, unnest(picked.ids, go.ids, go.leases) AS z(id, worker_id, lease_timeout)
                 WHERE f.id = ANY (ARRAY[z.id])
                 RETURNING f
@@ -1235,7 +1238,7 @@ BEGIN
         LOOP
             EXIT WHEN v_one.usual IS NOT TRUE OR v_one.f IS NULL;
             r := v_one.f;
-            r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
+            r.claim_token := v_token;
             RETURN NEXT r;
         END LOOP;
         IF v_one.usual THEN
@@ -1355,7 +1358,7 @@ BEGIN
             UPDATE files.files f
             SET state = 'running', worker_id = p.worker_id, attempt = f.attempt + 1,
                 claimed_at = now(), lease_expires_at = now() + p.lease_timeout,
-                claim_token_hash = sha256(convert_to(encode(sha256(convert_to(v_salt || f.id, 'UTF8')), 'hex'), 'UTF8'))
+                claim_token_hash = v_token_hash
             FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
                  AS p(id, worker_id, lease_timeout)
             WHERE f.id = ANY (ARRAY[p.id])
@@ -1365,7 +1368,7 @@ BEGIN
         SELECT c.* FROM claimed c
         ORDER BY CASE WHEN claim_batch.prefer THEN array_position(v_queues, c.queue) END, c.priority DESC, c.id
     LOOP
-        r.claim_token := encode(sha256(convert_to(v_salt || r.id, 'UTF8')), 'hex');
+        r.claim_token := v_token;
         RETURN NEXT r;
     END LOOP;
 END
@@ -1373,7 +1376,7 @@ $$;
 COMMENT ON FUNCTION files.claim_batch(text[], text[], text, boolean) IS
     'Claims at most one claimable row for each active slot of worker_ids (at most 10000), in one statement (files.claim''s '
     'order, prefer, caps, fair share, paused queues and run_after apply; queues NULL = all). The slots share key: unknown slots are registered with '
-    'it, a slot that has another key is refused, draining ones take nothing. Each row carries its claim_token. '
+    'it, a slot that has another key is refused, draining ones take nothing. Each row carries the call''s claim_token. '
     'Zero rows, or SQLSTATE 40001/40P01 under stricter isolation, mean "wait again".';
 
 -- Batches: their counts follow the rows that end (done, failed, cancelled)
