@@ -40,18 +40,18 @@ WHERE id = ANY ($1) AND state = 'running'`
 // write, and nothing else: the same table with an index of the running rows
 // by slot (as files_running_idx, which the heartbeat and the reaper read), a
 // token's hash written at the claim and checked at the completion (the
-// fence: one sha256 per row each way), a history row per outcome in a table
-// of files.attempts' shape with its indexes, and one line of counts per
-// completion in a table of files.queue_counts' shape. The claim commits
-// asynchronously, as pgworker's do. No functions, no slots' table, no
-// checks beyond the tables' own.
+// fence: one token per claim, as pgworker's), a history row per outcome in
+// a table of files.attempts' shape with its indexes, and one line of counts
+// per completion in a table of files.queue_counts' shape. The claim commits
+// asynchronously, as pgworker's do. No functions, no slots' table, no checks
+// beyond the tables' own.
 const (
 	sqlKeepRunningIndex = `CREATE INDEX ON ` + skipSchema + `.files (worker_id) WHERE state = 'running'`
 	sqlKeepAttempts     = `CREATE TABLE ` + skipSchema + `.attempts (LIKE files.attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY INCLUDING INDEXES)`
 	sqlKeepCounts       = `CREATE TABLE ` + skipSchema + `.queue_counts (LIKE files.queue_counts INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`
 	sqlKeepClaim        = `UPDATE ` + skipSchema + `.files f SET state = 'running', worker_id = $2, attempt = f.attempt + 1,
     claimed_at = now(), lease_expires_at = now() + interval '15 seconds',
-    claim_token_hash = sha256(convert_to($4 || f.id, 'UTF8'))
+    claim_token_hash = sha256(convert_to($4, 'UTF8'))
 WHERE f.id IN (SELECT id FROM ` + skipSchema + `.files WHERE state = 'pending' AND queue = $1
     ORDER BY priority DESC, id LIMIT $3 FOR UPDATE SKIP LOCKED)
     AND set_config('synchronous_commit', 'off', true) IS NOT NULL
@@ -60,7 +60,7 @@ RETURNING f.id`
     UPDATE ` + skipSchema + `.files f SET state = 'done', worker_id = NULL, lease_expires_at = NULL, finished_at = now(),
         claim_token_hash = NULL
     WHERE f.id = ANY ($1) AND f.state = 'running' AND f.worker_id = $2
-      AND f.claim_token_hash = sha256(convert_to($3 || f.id, 'UTF8'))
+      AND f.claim_token_hash = sha256(convert_to($3, 'UTF8'))
     RETURNING f.id, f.queue, f.attempt, f.claimed_at
 ), logged AS (
     INSERT INTO ` + skipSchema + `.attempts (file_id, queue, attempt, worker_id, started_at, finished_at, outcome, duration)
@@ -329,7 +329,7 @@ func burnDown(conns []*pgx.Conn, loop func(i int, conn *pgx.Conn) error) (time.D
 
 // skipLockedLoop claims and completes batches until a claim finds nothing;
 // with bookkeeping, with the statements that write what the guarantees keep,
-// each claim's tokens salted afresh.
+// each claim with a token of its own.
 func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int, bookkeeping bool) error {
 	claim := func() (pgx.Rows, error) { return conn.Query(ctx, sqlSkipClaim, Queue, id, batch) }
 	complete := func(ids []int64) error {
@@ -337,14 +337,14 @@ func skipLockedLoop(ctx context.Context, conn *pgx.Conn, id string, batch int, b
 		return err
 	}
 	if bookkeeping {
-		var salt string
+		var token string
 		claim = func() (pgx.Rows, error) {
-			salt = rand.Text()
-			return conn.Query(ctx, sqlKeepClaim, Queue, id, batch, salt)
+			token = rand.Text()
+			return conn.Query(ctx, sqlKeepClaim, Queue, id, batch, token)
 		}
 		complete = func(ids []int64) error {
 			var took int
-			if err := conn.QueryRow(ctx, sqlKeepComplete, ids, id, salt).Scan(&took); err != nil {
+			if err := conn.QueryRow(ctx, sqlKeepComplete, ids, id, token).Scan(&took); err != nil {
 				return err
 			}
 			if took != len(ids) {
