@@ -153,7 +153,7 @@ func TestBoundedGoals(t *testing.T) {
 {"mode":"cpu","system":"river","rate":1000,"rows":10000,"slots":100,"fetch_cooldown_ms":100,"server_cpu_ms_per_row":0.8}
 {"mode":"notify","system":"pgworker","rate":50,"phases":[{"name":"queue","rows_per_sec":50,"server_cpu_ms_per_row":2,"pickup":{"p50_ms":0.9,"p99_ms":2.2},"commit_to_notify":{"p50_ms":0.05,"p99_ms":0.2},"claim":{"p50_ms":0.8,"p99_ms":1.9}}]}
 {"mode":"notify","system":"pgworker","rate":200,"phases":[{"name":"insert","rows_per_sec":200,"server_cpu_ms_per_row":0.5},{"name":"notify","rows_per_sec":200,"server_cpu_ms_per_row":0.75},{"name":"queue","rows_per_sec":200,"server_cpu_ms_per_row":1.5},{"name":"enqueue","rows_per_sec":200,"server_cpu_ms_per_row":0.9}]}
-{"mode":"notify","system":"pgworker","rate":1000,"phases":[{"name":"insert","rows_per_sec":1000,"server_cpu_ms_per_row":0.4},{"name":"notify","rows_per_sec":1000,"server_cpu_ms_per_row":0.5},{"name":"queue","rows_per_sec":1000,"server_cpu_ms_per_row":0.7}]}
+{"mode":"notify","system":"pgworker","rate":1000,"phases":[{"name":"insert","rows_per_sec":1000,"server_cpu_ms_per_row":0.4},{"name":"notify","rows_per_sec":1000,"server_cpu_ms_per_row":0.5},{"name":"queue","rows_per_sec":1000,"server_cpu_ms_per_row":0.7},{"name":"enqueue","rows_per_sec":1000,"server_cpu_ms_per_row":0.65}]}
 `
 	rs := readSample(t, results)
 	rp := &report{results: rs, date: time.Now()}
@@ -170,8 +170,10 @@ func TestBoundedGoals(t *testing.T) {
 		// At 1,000 rows/s the bare queue spends less than River (0.7 against
 		// 0.8 ms), and the notification's 0.1 ms leaves 1.1 ms at River's
 		// trade: missed both.
-		"database CPU per row at 1,000 rows/s":                                         "missed: 2.50x River's",
-		"database CPU per row at 1,000 rows/s at River's trade, claim cooldown 100 ms": "missed: 1.50x River's",
+		"database CPU per row at 1,000 rows/s": "missed: 2.50x River's",
+		// What pgworker's insert costs beyond the bare one: 0.25 ms, without
+		// which 0.95 ms.
+		"database CPU per row at 1,000 rows/s at River's trade, claim cooldown 100 ms": "missed: 1.50x River's; pgworker's insert into files.files costs 0.250 ms per row more than the bare insert (its trigger notifies, counts the row for the operator reads and registers its queue; bench notify: 0.650 against 0.400 ms, medians of 1 runs), without which 0.950 ms",
 	}
 	for _, g := range rp.goals() {
 		w, ok := want[g.name]
