@@ -150,7 +150,7 @@ func TestRunServesMetricsAndLogsRows(t *testing.T) {
 		}
 	}
 	script := filepath.Join(dir, "backend.sh")
-	if err := os.WriteFile(script, []byte("#!/bin/sh\ncase \"$1\" in *bad*) echo 'refused: bad input' >&2; exit 3;; esac\ncp \"$1\" \"$2/\"\n"), 0o755); err != nil {
+	if err := os.WriteFile(script, []byte("#!/bin/sh\ncase \"${1##*/}\" in *bad*) echo 'refused: bad input' >&2; exit 3;; esac\ncp \"$1\" \"$2/\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 

@@ -108,7 +108,7 @@ func scrapeRunningWorker(t *testing.T) (map[string]bool, error) {
 		}
 	}
 	backend := filepath.Join(dir, "backend.sh")
-	script := "#!/bin/sh\ncase \"$1\" in\n*bad*) echo refused >&2; exit 3;;\n*hang*) exec sleep 600;;\nesac\ncp \"$1\" \"$2/\"\n"
+	script := "#!/bin/sh\ncase \"${1##*/}\" in\n*bad*) echo refused >&2; exit 3;;\n*hang*) exec sleep 600;;\nesac\ncp \"$1\" \"$2/\"\n"
 	if err := os.WriteFile(backend, []byte(script), 0o755); err != nil {
 		return nil, err
 	}
