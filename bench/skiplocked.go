@@ -51,7 +51,7 @@ const (
 	sqlKeepCounts       = `CREATE TABLE ` + skipSchema + `.queue_counts (LIKE files.queue_counts INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`
 	sqlKeepClaim        = `UPDATE ` + skipSchema + `.files f SET state = 'running', worker_id = $2, attempt = f.attempt + 1,
     claimed_at = now(), lease_expires_at = now() + interval '15 seconds',
-    claim_token_hash = sha256(convert_to($4, 'UTF8'))
+    claim_token_hash = (SELECT sha256(convert_to($4, 'UTF8')))
 WHERE f.id IN (SELECT id FROM ` + skipSchema + `.files WHERE state = 'pending' AND queue = $1
     ORDER BY priority DESC, id LIMIT $3 FOR UPDATE SKIP LOCKED)
     AND set_config('synchronous_commit', 'off', true) IS NOT NULL

@@ -1002,7 +1002,6 @@ DECLARE
     v_room   integer[];
     v_ids    bigint[];
     v_token  text := gen_random_uuid()::text;
-    v_token_hash bytea := sha256(convert_to(v_token, 'UTF8'));
     r        files.files;
 BEGIN
     IF claim.worker_id IS NULL OR claim.worker_id = '' THEN
@@ -1063,11 +1062,12 @@ BEGIN
     -- for: files.pick, or, when a queue shares among its batches,
     -- files.fair_pick (then without pick's hints). The token is one random
     -- secret of this call, in each row it returns (they all go to the one
-    -- caller): its hash, computed once, is written, and the token itself goes
-    -- into the returned rows alone. The update finds its rows by "id = ANY
-    -- (v_ids)", an index condition in any plan; a join on the ids let a plan
-    -- made on a table of a few rows read the primary key whole, and a session
-    -- keeps its plans as the table grows.
+    -- caller): its hash is written, computed by the subquery once and only
+    -- when a row is taken, and the token itself goes into the returned rows
+    -- alone. The update finds its rows by "id = ANY (v_ids)", an index
+    -- condition in any plan; a join on the ids let a plan made on a table of
+    -- a few rows read the primary key whole, and a session keeps its plans as
+    -- the table grows.
     IF true = ANY (v_fair) THEN
         v_ids := files.fair_pick(v_queues, v_fair, v_room, claim.max, claim.prefer);
     ELSE
@@ -1078,7 +1078,7 @@ BEGIN
             UPDATE files.files f
             SET state = 'running', worker_id = claim.worker_id, attempt = f.attempt + 1,
                 claimed_at = now(), lease_expires_at = now() + v_lease,
-                claim_token_hash = v_token_hash
+                claim_token_hash = (SELECT sha256(convert_to(v_token, 'UTF8')))
             WHERE f.id = ANY (v_ids)
             RETURNING f.*
         )
@@ -1145,7 +1145,6 @@ DECLARE
     v_bad    text;
     v_key    bytea := sha256(convert_to(claim_batch.key, 'UTF8'));
     v_token  text := gen_random_uuid()::text;
-    v_token_hash bytea := sha256(convert_to(v_token, 'UTF8'));
     v_start  double precision;
     v_ms     text;
     v_bound  double precision;
@@ -1219,7 +1218,7 @@ BEGIN
                 UPDATE files.files f
                 SET state = 'running', worker_id = z.worker_id, attempt = f.attempt + 1,
                     claimed_at = now(), lease_expires_at = now() + z.lease_timeout,
-                    claim_token_hash = v_token_hash
+                    claim_token_hash = (SELECT sha256(convert_to(v_token, 'UTF8')))
                 FROM go, picked, unnest(picked.ids, go.ids, go.leases) AS z(id, worker_id, lease_timeout)
                 WHERE f.id = ANY (ARRAY[z.id])
                 RETURNING f
@@ -1358,7 +1357,7 @@ BEGIN
             UPDATE files.files f
             SET state = 'running', worker_id = p.worker_id, attempt = f.attempt + 1,
                 claimed_at = now(), lease_expires_at = now() + p.lease_timeout,
-                claim_token_hash = v_token_hash
+                claim_token_hash = (SELECT sha256(convert_to(v_token, 'UTF8')))
             FROM unnest(v_rows, v_ids[1:cardinality(v_rows)], v_leases[1:cardinality(v_rows)])
                  AS p(id, worker_id, lease_timeout)
             WHERE f.id = ANY (ARRAY[p.id])
