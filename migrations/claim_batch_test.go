@@ -16,10 +16,12 @@ import (
 // way in three (00007_claim_batch_one_statement.sql): each case here is one
 // or the other, or the one statement finding that the claim is not usual,
 // locking nothing, and handing it to the three. Either way, the i-th best
-// row goes to the i-th slot.
+// row goes to the i-th slot. Each case runs as a claim of every queue and as
+// a claim of the one queue, whose usual statement is its own
+// (00011_claim_of_one_queue.sql).
 func TestClaimBatchUsualAndNot(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
+	cases := []struct {
 		name  string
 		setup []string // run as the test's owner before the claim
 		slots []string
@@ -38,41 +40,72 @@ func TestClaimBatchUsualAndNot(t *testing.T) {
 		{name: "another key", slots: []string{"s1", "s2"}, key: "another-key-0123456789", state: "42501"},
 		{name: "a capped queue", setup: []string{"SELECT files.set_max_running('default', 1)"},
 			slots: []string{"s1", "s2"}, want: "[s1=p3]"},
+		{name: "a full capped queue", setup: []string{"SELECT files.set_max_running('default', 0)"},
+			slots: []string{"s1", "s2"}, want: "[]"},
+		{name: "an unknown slot and a capped queue", setup: []string{"SELECT files.set_max_running('default', 1)"},
+			slots: []string{"new", "s1"}, want: "[new=p3]"},
 		{name: "a fair-share queue", setup: []string{"SELECT files.set_fair_share('default', true)"},
 			slots: []string{"s1", "s2"}, want: "[s1=p3 s2=p2]"},
 		{name: "a paused queue", setup: []string{"SELECT files.pause_queue('default')"},
 			slots: []string{"s1", "s2"}, want: "[]"},
+	}
+	for _, queues := range []string{"NULL", "ARRAY['default']"} {
+		for _, tc := range cases {
+			t.Run(queues+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				pool := pgtest.Pool(t)
+				mustExec(t, pool, "INSERT INTO files.files (source, priority) VALUES ('p1', 1), ('p3', 3), ('p2', 2)")
+				for _, s := range []string{"s1", "s2", "s3", "s4"} {
+					mustExec(t, pool, "SELECT files.register_worker($1, key => $2)", s, testKey)
+				}
+				for _, s := range tc.setup {
+					mustExec(t, pool, s)
+				}
+				key := testKey
+				if tc.key != "" {
+					key = tc.key
+				}
+				sql := "SELECT worker_id || '=' || source FROM files.claim_batch($1, " + queues + ", $2)"
+				if tc.state != "" {
+					if _, err := pool.Exec(context.Background(), sql, tc.slots, key); sqlState(err) != tc.state {
+						t.Fatalf("claim: %v, want SQLSTATE %s", err, tc.state)
+					}
+					if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state = 'pending'"); n != 3 {
+						t.Fatalf("%d rows pending after a refused claim, want 3", n)
+					}
+					return
+				}
+				got := claimSources(t, pool, sql, tc.slots, key)
+				if fmt.Sprint(got) != tc.want {
+					t.Fatalf("claimed %v, want %s", got, tc.want)
+				}
+				if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state = 'running'"); n != len(got) {
+					t.Fatalf("%d rows running after claiming %d", n, len(got))
+				}
+			})
+		}
+	}
+}
+
+// A claim of one queue takes that queue's rows only, and of a queue that
+// has none, nothing; a claim of every queue takes the best of all.
+func TestClaimBatchOfOneQueue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ queues, want string }{
+		{"ARRAY['default']", "[s1=p3 s2=p2]"},
+		{"ARRAY['nobody']", "[]"},
+		{"NULL", "[s1=o9 s2=p3]"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.queues, func(t *testing.T) {
 			t.Parallel()
 			pool := pgtest.Pool(t)
 			mustExec(t, pool, "INSERT INTO files.files (source, priority) VALUES ('p1', 1), ('p3', 3), ('p2', 2)")
-			for _, s := range []string{"s1", "s2", "s3", "s4"} {
-				mustExec(t, pool, "SELECT files.register_worker($1, key => $2)", s, testKey)
-			}
-			for _, s := range tc.setup {
-				mustExec(t, pool, s)
-			}
-			key := testKey
-			if tc.key != "" {
-				key = tc.key
-			}
-			const sql = "SELECT worker_id || '=' || source FROM files.claim_batch($1, key => $2)"
-			if tc.state != "" {
-				if _, err := pool.Exec(context.Background(), sql, tc.slots, key); sqlState(err) != tc.state {
-					t.Fatalf("claim: %v, want SQLSTATE %s", err, tc.state)
-				}
-				if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state = 'pending'"); n != 3 {
-					t.Fatalf("%d rows pending after a refused claim, want 3", n)
-				}
-				return
-			}
-			got := claimSources(t, pool, sql, tc.slots, key)
+			mustExec(t, pool, "INSERT INTO files.files (queue, source, priority) VALUES ('other', 'o9', 9)")
+			mustExec(t, pool, "SELECT files.register_worker(s, key => $1) FROM unnest(ARRAY['s1', 's2']) s", testKey)
+			got := claimSources(t, pool, "SELECT worker_id || '=' || source FROM files.claim_batch($1, "+tc.queues+", $2)",
+				[]string{"s1", "s2"}, testKey)
 			if fmt.Sprint(got) != tc.want {
 				t.Fatalf("claimed %v, want %s", got, tc.want)
-			}
-			if n := queryInt(t, pool, "SELECT count(*) FROM files.files WHERE state = 'running'"); n != len(got) {
-				t.Fatalf("%d rows running after claiming %d", n, len(got))
 			}
 		})
 	}
@@ -117,9 +150,18 @@ func TestClaimBatchSlowStatementHandsOffToPick(t *testing.T) {
 // The usual claim's one statement runs a generic plan without JIT, as the
 // statements of files.claim do (TestHotPathPlans): index lookups only, the
 // rows found in ranges of files_claim_idx. And it is the only statement:
-// files.pick is not called.
+// files.pick is not called. So too the one statement of a claim of one queue.
 func TestClaimBatchOneStatementPlan(t *testing.T) {
 	t.Parallel()
+	for _, queues := range []string{"NULL", "ARRAY['default']"} {
+		t.Run(queues, func(t *testing.T) {
+			t.Parallel()
+			testClaimBatchOneStatementPlan(t, queues)
+		})
+	}
+}
+
+func testClaimBatchOneStatementPlan(t *testing.T, queues string) {
 	ctx := context.Background()
 	conn, plans := explainedConn(t)
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 5000) g")
@@ -128,7 +170,7 @@ func TestClaimBatchOneStatementPlan(t *testing.T) {
 	startExplaining(t, conn)
 	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
 	for i := range 7 {
-		rows, err := conn.Query(ctx, "/* test */ SELECT id FROM files.claim_batch(ARRAY['a:1', 'a:2', 'a:3'], key => $1)", testKey)
+		rows, err := conn.Query(ctx, "/* test */ SELECT id FROM files.claim_batch(ARRAY['a:1', 'a:2', 'a:3'], "+queues+", $1)", testKey)
 		if err != nil {
 			t.Fatal(err)
 		}
