@@ -190,6 +190,7 @@ func (m *Metrics) stats() (s worker.Stats, listening bool) {
 		s.ClaimErrors += x.ClaimErrors
 		s.SafetyWakes += x.SafetyWakes
 		s.ClaimsDeferred += x.ClaimsDeferred
+		s.RecordsDeferred += x.RecordsDeferred
 		s.LeaseLosses += x.LeaseLosses
 		s.Orphans += x.Orphans
 		s.Heartbeats += x.Heartbeats
@@ -222,6 +223,7 @@ var (
 	descClaimErrors      = desc("claim_errors_total", "Claims that failed otherwise (the database unreachable, ...).")
 	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (safety net).")
 	descClaimsDeferred   = desc("claims_deferred_total", "Claims held back until --claim-cooldown ended, so that one claim took the rows announced meanwhile.")
+	descRecordsDeferred  = desc("outcome_records_deferred_total", "Outcome statements held back until --claim-cooldown ended, so that one statement recorded the outcomes that ended meanwhile.")
 	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process; their handlers were cancelled.")
 	descOrphans          = desc("orphans_released_total", "Rows held in the database but unknown to this process, released.")
 	descHeartbeats       = desc("heartbeats_total", "Heartbeat statements that succeeded.")
@@ -237,7 +239,7 @@ var (
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSlots, descSlotsBusy, descSlotsIdle, descClaims, descRacesLost, descSerialization,
-		descClaimErrors, descSafetyWakes, descClaimsDeferred, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
+		descClaimErrors, descSafetyWakes, descClaimsDeferred, descRecordsDeferred, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
 		descListenerUp, descListenReconnects, descListenQuiets, descPoolConns, descPoolMax} {
 		ch <- d
 	}
@@ -260,6 +262,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descClaimErrors, s.ClaimErrors)
 	counter(descSafetyWakes, s.SafetyWakes)
 	counter(descClaimsDeferred, s.ClaimsDeferred)
+	counter(descRecordsDeferred, s.RecordsDeferred)
 	counter(descLeaseLosses, s.LeaseLosses)
 	counter(descOrphans, s.Orphans)
 	counter(descHeartbeats, s.Heartbeats)

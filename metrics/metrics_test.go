@@ -213,7 +213,7 @@ func TestScrapeFollowsTheWork(t *testing.T) {
 	for _, name := range []string{
 		"pgworker_slots", "pgworker_slots_busy", "pgworker_slots_idle", "pgworker_claim_queries_total",
 		"pgworker_claim_races_lost_total", "pgworker_claim_serialization_failures_total", "pgworker_claim_errors_total",
-		"pgworker_lease_losses_total", "pgworker_listener_up", "pgworker_listener_reconnects_total", "pgworker_listener_quiets_total",
+		"pgworker_lease_losses_total", "pgworker_listener_up", "pgworker_listener_reconnects_total", "pgworker_listener_quiets_total", "pgworker_outcome_records_deferred_total",
 		"pgworker_heartbeats_total", "pgworker_heartbeat_errors_total", "pgworker_reaped_rows_total",
 		"pgworker_scaling_needed_nodes", "pgworker_scaling_desired_nodes", "pgworker_scaling_backlog_per_instance",
 		"pgworker_queue_stats_reads_total", "pgworker_queue_stats_errors_total", "pgworker_queue_stats_age_seconds",

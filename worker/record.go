@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -125,10 +126,18 @@ type recorder struct {
 	maxBatch int
 	then     *string // Config.Then; nil for none
 
-	mu     sync.Mutex
-	queue  []*outcome    // in order of submission
-	bell   chan struct{} // rung when queue grows
-	closed bool          // run has returned: outcomes are given up
+	// cooldown is the least time between the starts of two statements
+	// while outcomes keep coming (Config.ClaimCooldown); hurry, closed when
+	// the worker stops, ends a wait for it.
+	cooldown time.Duration
+	hurry    <-chan struct{}
+	deferred atomic.Uint64 // statements held back until the cooldown ended
+
+	mu      sync.Mutex
+	queue   []*outcome    // in order of submission
+	waiting int           // outcomes queued whose slot waits for them
+	bell    chan struct{} // rung when queue grows
+	closed  bool          // run has returned: outcomes are given up
 }
 
 // settler is what the recorder needs from the Worker.
@@ -162,6 +171,9 @@ func (r *recorder) submit(o *outcome) {
 		return
 	}
 	r.queue = append(r.queue, o)
+	if o.settled != nil {
+		r.waiting++
+	}
 	r.mu.Unlock()
 	select {
 	case r.bell <- struct{}{}:
@@ -173,6 +185,7 @@ func (r *recorder) submit(o *outcome) {
 // given up.
 func (r *recorder) run(ctx context.Context) {
 	var batch []*outcome
+	var last time.Time // when the last statement began
 	for {
 		select {
 		case <-r.bell:
@@ -180,15 +193,58 @@ func (r *recorder) run(ctx context.Context) {
 			r.close()
 			return
 		}
+		r.gather(ctx, last)
 		for {
 			batch = r.next(batch)
 			if len(batch) == 0 {
 				break
 			}
+			last = time.Now()
 			r.record(ctx, batch)
 			clear(batch)
 		}
 	}
+}
+
+// gather holds the outcomes queued, with a cooldown, until the cooldown has
+// passed since the last statement began, so that the outcomes that end
+// meanwhile go in the same statement: River's trade, as for the claims. An
+// outcome after a quiet spell is recorded at once, and the wait ends as soon
+// as a slot waits for its own outcome (as many outcomes wait as the process
+// has slots), a statement's worth is queued, or the worker stops.
+func (r *recorder) gather(ctx context.Context, last time.Time) {
+	if r.cooldown <= 0 || last.IsZero() {
+		return
+	}
+	wait := time.Until(last.Add(r.cooldown))
+	if wait <= 0 || r.urgent() {
+		return
+	}
+	r.deferred.Add(1)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+			return
+		case <-r.hurry:
+			return
+		case <-ctx.Done():
+			return
+		case <-r.bell:
+			if r.urgent() {
+				return
+			}
+		}
+	}
+}
+
+// urgent reports whether the queued outcomes should not wait: a slot waits
+// for one of them, or they fill a statement.
+func (r *recorder) urgent() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waiting > 0 || len(r.queue) >= r.maxBatch
 }
 
 // next moves the oldest outcomes queued, up to maxBatch, into batch.
@@ -197,6 +253,11 @@ func (r *recorder) next(batch []*outcome) []*outcome {
 	defer r.mu.Unlock()
 	n := min(len(r.queue), r.maxBatch)
 	batch = append(batch[:0], r.queue[:n]...)
+	for _, o := range batch {
+		if o.settled != nil {
+			r.waiting--
+		}
+	}
 	r.queue = append(r.queue[:0], r.queue[n:]...)
 	return batch
 }

@@ -151,7 +151,12 @@ type Config struct {
 	// that notifications prompt (claim.Config.Cooldown): rows announced
 	// sooner wait for it and are claimed together. It trades pickup latency
 	// for fewer claims, which matters to a shared database when rows trickle
-	// in to many processes. While it waits, the process's listener stops
+	// in to many processes. Outcomes take the same trade: those that end
+	// less than the cooldown after the last outcome statement began are
+	// recorded together when it ends, unless a slot waits for its own (as
+	// many outcomes wait as the process has slots) or the worker stops; a
+	// row stays running in the database that much longer, its slot free for
+	// the next row. While it waits, the process's listener stops
 	// listening (listener.Subscription.Quiet) when no other subscriber of it
 	// needs notifications, so that the server stops waking its LISTEN
 	// session for every row; a cancellation sent meanwhile reaches a running
@@ -219,6 +224,7 @@ type Stats struct {
 	ClaimErrors           uint64 // claims that failed otherwise
 	SafetyWakes           uint64 // wake-ups by the safety net
 	ClaimsDeferred        uint64 // claims held back until ClaimCooldown ended
+	RecordsDeferred       uint64 // outcome statements held back until ClaimCooldown ended
 	Done                  uint64 // rows completed
 	Failed                uint64 // attempts recorded as failed (retried or not)
 	Released              uint64 // rows handed back without spending an attempt
@@ -398,6 +404,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if cfg.Then != "" {
 		w.rec.then = &cfg.Then
 	}
+	w.rec.cooldown, w.rec.hurry = w.cooldown, w.startStop
 	w.hb = newHeartbeater(pool, w, w.logger, heartbeat, w.lease, w.key)
 	if w.maxSlots > minSlots {
 		threshold := cfg.ScaleThreshold
@@ -676,6 +683,7 @@ func (w *Worker) Stats() Stats {
 		HeartbeatErrors: w.hb.errors.Load(),
 		Reaped:          w.reaped.Load(),
 		Pruned:          w.pruned.Load(),
+		RecordsDeferred: w.rec.deferred.Load(),
 		BusySlots:       busy,
 		Slots:           slots,
 		IdleSlots:       max(slots-busy, 0),

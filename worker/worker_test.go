@@ -935,3 +935,80 @@ func TestClaimCooldownQuietsTheListener(t *testing.T) {
 		t.Fatalf("stats: %+v", s)
 	}
 }
+
+// With a claim cooldown, an outcome that ends within the cooldown of the
+// last outcome statement waits for it, the row still running in the
+// database, until a slot has to wait for its own outcome: then both go in
+// one statement. The first outcome, after a quiet spell, goes at once.
+func TestClaimCooldownGathersOutcomes(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ids := insert(t, pool, 3)
+	g := newGate()
+	// One slot: a row's outcome waits for the statement only while the
+	// slot's token of the last one is free.
+	w := start(t, pool, &worker.Config{Handler: g, Slots: 1, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
+
+	first := g.next(t, "the first row")
+	g.open <- struct{}{}
+	waitFor(t, "the first outcome, recorded at once", func() bool { return w.Stats().Done == 1 })
+
+	second := g.next(t, "the second row")
+	g.open <- struct{}{}
+	waitFor(t, "the second outcome held back", func() bool { return w.Stats().RecordsDeferred == 1 })
+	if s := w.Stats(); s.Done != 1 {
+		t.Fatalf("the second outcome was recorded during the cooldown: %+v", s)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'running'", second.ID); n != 1 {
+		t.Fatalf("row %d is not running while its outcome waits", second.ID)
+	}
+
+	third := g.next(t, "the third row")
+	g.open <- struct{}{}
+	waitFor(t, "both held outcomes recorded", func() bool { return w.Stats().Done == 3 })
+	// In one statement: one transaction, one finished_at.
+	if n := count(t, pool, "SELECT count(DISTINCT finished_at) FROM files.files WHERE id = ANY ($1)",
+		[]int64{second.ID, third.ID}); n != 1 {
+		t.Fatalf("the held outcomes were recorded in %d statements, not one", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = ANY ($1) AND state = 'done'", ids); n != 3 {
+		t.Fatalf("%d of 3 rows done", n)
+	}
+	if first.ID == second.ID || second.ID == third.ID {
+		t.Fatalf("rows handed out twice: %d, %d, %d", first.ID, second.ID, third.ID)
+	}
+}
+
+// A worker that stops records the outcomes a cooldown holds back at once.
+func TestClaimCooldownStopRecordsHeldOutcomes(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	insert(t, pool, 2)
+	g := newGate()
+	w, err := worker.New(pool, &worker.Config{Handler: g, Slots: 1, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.next(t, "the first row")
+	g.open <- struct{}{}
+	waitFor(t, "the first outcome", func() bool { return w.Stats().Done == 1 })
+	g.next(t, "the second row")
+	g.open <- struct{}{}
+	waitFor(t, "the second outcome held back", func() bool { return w.Stats().RecordsDeferred == 1 })
+
+	// Far sooner than the hour of the cooldown.
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := w.Stats(); s.Done != 2 || s.Lost != 0 {
+		t.Fatalf("stats after stop: %+v", s)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 2 {
+		t.Fatalf("%d of 2 rows done after stop", n)
+	}
+}
