@@ -488,6 +488,12 @@ func TestNotify(t *testing.T) {
 	}
 
 	expect("single insert", "[default]", exec("INSERT INTO files.files (source) VALUES ('a')"))
+	expect("single insert into a new queue", "[fresh]", exec("INSERT INTO files.files (source, queue) VALUES ('a', 'fresh')"))
+	if n := queryInt(t, pool, "SELECT count(*) FROM files.queues WHERE queue = 'fresh'"); n != 1 {
+		t.Errorf("an insert into a new queue registered it %d times", n)
+	}
+	expect("insert with a unique key", "[fresh]", exec("INSERT INTO files.files (source, queue, unique_key) VALUES ('k', 'fresh', 'k')"))
+	expect("insert into a batch", "[fresh]", exec("INSERT INTO files.files (source, queue, batch) VALUES ('b', 'fresh', 'set')"))
 	expect("insert of ended rows into a new queue", "[]",
 		exec("INSERT INTO files.files (source, queue, state, finished_at) VALUES ('old', 'archive', 'done', now())"))
 	expect("insert of no row", "[]", exec("INSERT INTO files.files (source) SELECT 'x' WHERE false"))

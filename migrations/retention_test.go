@@ -66,6 +66,13 @@ func TestQueueCountsFollowEveryChange(t *testing.T) {
 		       CASE WHEN i % 5 = 0 THEN 1 ELSE 5 END
 		FROM generate_series(1, 40) i`)
 	summaryMatchesTable(t, pool, "after enqueue")
+	// The usual insert (pending rows of one known queue, no key, no batch),
+	// one row and many, and the same into a queue not known yet.
+	mustExec(t, pool, "INSERT INTO files.files (queue, source) VALUES ('a', 'one more')")
+	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'b', 'more ' || i FROM generate_series(1, 5) i")
+	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'new', 'new ' || i FROM generate_series(1, 3) i")
+	mustExec(t, pool, "INSERT INTO files.files (queue, source) SELECT 'a', 'none' WHERE false")
+	summaryMatchesTable(t, pool, "after the usual inserts")
 
 	var held []held
 	for i := range 16 {
