@@ -188,7 +188,7 @@ func (f *runFlags) add(fs *flagSet) {
 	fs.env("heartbeat", "PGWORKER_HEARTBEAT")
 	fs.DurationVar(&f.leaseTimeout, "lease-timeout", worker.DefaultLeaseTimeout, "silence after which a slot's row goes back to the queue; must exceed --heartbeat")
 	fs.env("lease-timeout", "PGWORKER_LEASE_TIMEOUT")
-	fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "least time between two claims of this process that notifications prompt: rows announced sooner are claimed together when it ends. "+
+	fs.DurationVar(&f.claimCooldown, "claim-cooldown", 0, "least time between two claims of this process that notifications prompt: rows announced sooner are claimed together when it ends, and outcomes that end sooner are recorded together. "+
 		"Fewer claims for the database when rows trickle in to many nodes, for up to this much longer pickup; the node stops listening meanwhile, "+
 		"so a cancellation reaches a running row with the next heartbeat (e.g. 100ms; default 0: at once)")
 	fs.env("claim-cooldown", "PGWORKER_CLAIM_COOLDOWN")
