@@ -945,8 +945,9 @@ func TestClaimCooldownGathersOutcomes(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ids := insert(t, pool, 3)
 	g := newGate()
-	// One slot: a row's outcome waits for the statement only while the
-	// slot's token of the last one is free.
+	// One slot: one outcome can be held while the slot runs the next row;
+	// the outcome after it makes the slot wait for its own, which ends the
+	// recorder's wait.
 	w := start(t, pool, &worker.Config{Handler: g, Slots: 1, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
 
 	first := g.next(t, "the first row")
