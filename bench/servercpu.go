@@ -58,17 +58,41 @@ func (b *Bench) findServerCPU(ctx context.Context) (*serverCPU, error) {
 }
 
 // total is the CPU time of the postmaster, of its children that ended (which
-// it has waited for) and of those alive now.
+// it has waited for) and of those alive now. A child the postmaster waits for
+// during the walk through /proc moves from the live ones to its parent's
+// count, and may be seen in neither or in both; so the walk is taken again
+// until the postmaster's count of its ended children is the same on both
+// sides of it.
 func (s *serverCPU) total() (time.Duration, error) {
-	pm, err := readStat(s.postmaster)
-	if err != nil {
-		return 0, fmt.Errorf("bench: the server's postmaster: %w", err)
+	for range 1000 {
+		pm, err := readStat(s.postmaster)
+		if err != nil {
+			return 0, fmt.Errorf("bench: the server's postmaster: %w", err)
+		}
+		live, err := s.children()
+		if err != nil {
+			return 0, err
+		}
+		pm2, err := readStat(s.postmaster)
+		if err != nil {
+			return 0, fmt.Errorf("bench: the server's postmaster: %w", err)
+		}
+		if pm2.cutime == pm.cutime && pm2.cstime == pm.cstime {
+			ticks := pm.utime + pm.stime + pm.cutime + pm.cstime + live
+			return time.Duration(ticks) * time.Second / clockTicks, nil
+		}
 	}
-	ticks := pm.utime + pm.stime + pm.cutime + pm.cstime
+	return 0, errors.New("bench: the server's backends end faster than its processes can be read")
+}
+
+// children is the CPU time, in clock ticks, of the postmaster's children
+// alive now (or ended and not yet waited for).
+func (s *serverCPU) children() (int64, error) {
 	dirs, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, fmt.Errorf("bench: %w", err)
 	}
+	var ticks int64
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(d.Name())
 		if err != nil {
@@ -80,7 +104,7 @@ func (s *serverCPU) total() (time.Duration, error) {
 		}
 		ticks += st.utime + st.stime
 	}
-	return time.Duration(ticks) * time.Second / clockTicks, nil
+	return ticks, nil
 }
 
 // procStat holds the fields of /proc/PID/stat the bench reads, in clock ticks.

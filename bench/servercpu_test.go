@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
 
@@ -57,5 +59,62 @@ func TestServerCPUCountsBackends(t *testing.T) {
 	grew := int64((after - before) * clockTicks / 1e9)
 	if grew < ownAfter-ownBefore {
 		t.Errorf("the server's CPU grew by %d ticks, its backend alone by %d", grew, ownAfter-ownBefore)
+	}
+}
+
+// Backends that burn CPU and end while the total is read, again and again,
+// never make it go back: a backend the postmaster waits for during a reading
+// is counted once, among the live ones or among the ended ones.
+func TestServerCPUKeepsEndedBackends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	b, err := New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := b.findServerCPU(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pool.Config().ConnConfig
+	done := make(chan error, 1)
+	go func() {
+		for range 60 {
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				done <- err
+				return
+			}
+			_, err = conn.Exec(ctx, "SELECT count(*) FROM generate_series(1, 200000)")
+			conn.Close(ctx)
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	last, err := server.total()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		default:
+		}
+		now, err := server.total()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now < last {
+			t.Fatalf("the server's CPU went back from %v to %v", last, now)
+		}
+		last = now
 	}
 }

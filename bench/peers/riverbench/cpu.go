@@ -260,27 +260,39 @@ FROM pg_stat_activity a`).Scan(&backend, &aux); err != nil {
 }
 
 // serverTotal is the CPU time of the postmaster, of the children it waited
-// for and of those alive.
+// for and of those alive. A child waited for during the walk through /proc
+// could be counted in neither or in both, so the walk is taken again until
+// the postmaster's count of its ended children is the same on both sides.
 func serverTotal(postmaster int) (time.Duration, error) {
-	pm, err := readStat(postmaster)
-	if err != nil {
-		return 0, err
-	}
-	ticks := pm.utime + pm.stime + pm.cutime + pm.cstime
-	dirs, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
+	for range 1000 {
+		pm, err := readStat(postmaster)
 		if err != nil {
-			continue
+			return 0, err
 		}
-		if st, err := readStat(pid); err == nil && st.ppid == postmaster {
-			ticks += st.utime + st.stime
+		dirs, err := os.ReadDir("/proc")
+		if err != nil {
+			return 0, err
+		}
+		var live int64
+		for _, d := range dirs {
+			pid, err := strconv.Atoi(d.Name())
+			if err != nil {
+				continue
+			}
+			if st, err := readStat(pid); err == nil && st.ppid == postmaster {
+				live += st.utime + st.stime
+			}
+		}
+		pm2, err := readStat(postmaster)
+		if err != nil {
+			return 0, err
+		}
+		if pm2.cutime == pm.cutime && pm2.cstime == pm.cstime {
+			ticks := pm.utime + pm.stime + pm.cutime + pm.cstime + live
+			return time.Duration(ticks) * time.Second / clockTicks, nil
 		}
 	}
-	return time.Duration(ticks) * time.Second / clockTicks, nil
+	return 0, errors.New("the server's backends end faster than its processes can be read")
 }
 
 type procStat struct {
