@@ -363,11 +363,12 @@ func (b *Bench) outcomes(ctx context.Context, want int) error {
 }
 
 // workerPool opens a pool of its own for a worker runtime, as a separate
-// process would have.
+// process would have, set up as pgworker run sets up its own.
 func (b *Bench) workerPool(ctx context.Context, conns int, params map[string]string) (*pgxpool.Pool, error) {
 	cfg := b.pool.Config().Copy()
 	cfg.MaxConns = int32(max(conns, 1))
 	cfg.MinConns = 0
+	cfg.ShouldPing = worker.ShouldPing
 	for k, v := range params {
 		cfg.ConnConfig.RuntimeParams[k] = v
 	}

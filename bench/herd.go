@@ -232,6 +232,7 @@ func (b *Bench) startOne(ctx, lctx context.Context, c HerdConfig, params map[str
 	if c.PoolConfig != nil {
 		pc := c.PoolConfig.Copy()
 		pc.MaxConns, pc.MinConns = herdConns, 0
+		pc.ShouldPing = worker.ShouldPing
 		if pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 			return fmt.Errorf("bench: open a pool for the worker: %w", err)
 		}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/worker"
 )
 
 // LatencySteps are the parts of a pickup, each summarised over the rows.
@@ -47,6 +49,7 @@ func (b *Bench) tracedPool(ctx context.Context, conns int, t *pickupTrace) (*pgx
 	cfg := b.pool.Config().Copy()
 	cfg.MaxConns = int32(max(conns, 1))
 	cfg.MinConns = 0
+	cfg.ShouldPing = worker.ShouldPing
 	cfg.ConnConfig.Tracer = t
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

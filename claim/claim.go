@@ -16,7 +16,9 @@
 //
 // A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
 // only means "wait again": it is counted, never reported as an error.
-// Connection errors are retried with backoff. The claimer keeps no session
+// Errors are retried with backoff; a claim whose connection was lost (one
+// that broke while it sat in the pool) is first tried again at once, on
+// another connection. The claimer keeps no session
 // state and uses no SQL but calls of the SQL API, so it works through a
 // transaction-pooling PgBouncer; the pool's configuration decides how
 // statements are sent.
@@ -39,6 +41,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -290,6 +293,21 @@ func (c *Claimer) countErr(err error) error {
 	return fmt.Errorf("claim: %w", err)
 }
 
+// ConnectionLost reports whether err says that the connection it came
+// through is gone (no answer, or the server ended the session: 08xxx,
+// 57P01-57P03) rather than that the statement was refused.
+func ConnectionLost(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	switch pgErr.Code {
+	case "57P01", "57P02", "57P03": // admin shutdown, crash shutdown, cannot connect now
+		return true
+	}
+	return strings.HasPrefix(pgErr.Code, "08")
+}
+
 // RaceLost reports whether err means another claimer won the rows:
 // serialization failure (40001) or deadlock (40P01).
 func RaceLost(err error) bool {
@@ -450,13 +468,24 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		default:
 			failures++
 			c.setLastErr(err.Error())
+			pending, followUp = true, false
+			// A connection that broke while it sat in the pool fails the
+			// claim that takes it: pgworker run's pool hands out a
+			// connection idle for less than a minute without a round trip
+			// to check it first (worker.ShouldPing). The first failure of
+			// a run that lost its connection is tried again at once, on
+			// another connection; backoff starts with the second.
+			if failures == 1 && ConnectionLost(err) {
+				c.logger.Debug("claim: connection lost; claiming again at once", "error", err)
+				followUp = true
+				continue
+			}
 			if downSince.IsZero() {
 				downSince = time.Now()
 				c.logger.Warn("claim: cannot claim; retrying with backoff", "error", err)
 			} else {
 				c.logger.Debug("claim: still cannot claim", "attempts", failures, "error", err)
 			}
-			pending, followUp = true, false
 			if !retry.Sleep(ctx, retry.Backoff(c.backoffMin, c.backoffMax, failures)) {
 				return nil
 			}

@@ -284,6 +284,36 @@ func TestRunSurvivesConnectionErrors(t *testing.T) {
 	}
 }
 
+// A claim on a connection the server ended while it sat in the pool (no
+// ping checks it first, as with worker.ShouldPing) is tried again at once,
+// on a new connection: with an hour's backoff, only that claim can deliver
+// the row.
+func TestRunClaimsAgainAtOnceOnALostConnection(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		cfg.ConnConfig.RuntimeParams["application_name"] = "claimer-lost-connection"
+	})
+	bell := make(chan struct{}, 1)
+	c := claim.New(pool, &claim.Config{
+		Idle: []string{"n:1:0"}, Doorbell: bell, SafetyNet: time.Hour,
+		BackoffMin: time.Hour, BackoffMax: time.Hour,
+	})
+	col := newCollector()
+	run(t, c, col.deliver)
+	waitFor(t, "the first look", func() bool { return c.Stats().Claims == 1 })
+
+	pgtest.EndSession(t, url, "claimer-lost-connection")
+	insert(t, pgtest.PoolFor(t, url), 1, "default")
+	bell <- struct{}{}
+	col.next(t, "after the lost connection")
+	if st := c.Stats(); st.Errors != 1 || st.LastClaimErr != "" {
+		t.Fatalf("errors %d (last %q), want the one claim on the lost connection, then none", st.Errors, st.LastClaimErr)
+	}
+}
+
 // The claimer sends plain calls with parameters: it works whatever statement
 // mode the pool uses (PgBouncer in transaction mode needs Exec or simple protocol).
 func TestClaimStatementModes(t *testing.T) {
@@ -324,17 +354,7 @@ type syncBuffer = testhelp.SyncBuffer
 // deferred trigger, and on the one connection of the pool afterwards.
 func TestClaimCommitsAsynchronously(t *testing.T) {
 	t.Parallel()
-	url := pgtest.URL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.PoolFor(t, pgtest.URL(t), func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `
 		CREATE TABLE public.seen_at_commit (setting text);

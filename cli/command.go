@@ -72,12 +72,13 @@ func (inv *invocation) resolve() error {
 }
 
 // connect resolves the database flags and opens a pool of at most maxConns
-// connections on a database that answers.
-func (inv *invocation) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+// connections on a database that answers, each tune adjusting its
+// configuration.
+func (inv *invocation) connect(ctx context.Context, maxConns int32, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	if err := inv.resolve(); err != nil {
 		return nil, err
 	}
-	return inv.db.connect(ctx, maxConns)
+	return inv.db.connect(ctx, maxConns, tune...)
 }
 
 // client connects and returns the queue API on one connection; done closes

@@ -100,13 +100,17 @@ func (d *dbFlags) poolConfig() (*pgxpool.Config, error) {
 }
 
 // connect opens a pool and makes sure the database answers, so that a wrong
-// URL is one clear line rather than a failure deep inside a command.
-func (d *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+// URL is one clear line rather than a failure deep inside a command. Each
+// tune, if any, adjusts the pool's configuration first.
+func (d *dbFlags) connect(ctx context.Context, maxConns int32, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := d.poolConfig()
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	for _, f := range tune {
+		f(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, d.connectError(ctx, err, cfg.ConnConfig.ConnectTimeout)

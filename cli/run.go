@@ -315,7 +315,11 @@ func (f *runFlags) prepare(cfg *RunConfig) error {
 // second, and runs the slots until they end.
 func (c *CLI) startRun(ctx context.Context, inv *invocation, cfg *RunConfig) error {
 	var err error
-	cfg.Pool, err = inv.connect(ctx, int32(cfg.SlotsMax+4))
+	cfg.Pool, err = inv.connect(ctx, int32(cfg.SlotsMax+4), func(pc *pgxpool.Config) {
+		// No round trip to check a connection before each claim that
+		// follows a quiet second.
+		pc.ShouldPing = worker.ShouldPing
+	})
 	if err != nil {
 		return err
 	}

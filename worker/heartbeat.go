@@ -129,6 +129,12 @@ func (h *heartbeater) beat(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, h.lease/2)
 	defer cancel()
 	held, err := h.send(qctx)
+	if err != nil && claim.ConnectionLost(err) && qctx.Err() == nil {
+		// A connection that broke while it sat in the pool, handed out
+		// unchecked (ShouldPing): once more at once, on another one.
+		sent = time.Now()
+		held, err = h.send(qctx)
+	}
 	if err != nil {
 		return err
 	}

@@ -1013,3 +1013,49 @@ func TestClaimCooldownStopRecordsHeldOutcomes(t *testing.T) {
 		t.Fatalf("%d of 2 rows done after stop", n)
 	}
 }
+
+// pgworker run's pool checks a connection before handing it out only after
+// a minute idle: pgx's second would put a round trip in front of the claim
+// that follows every quiet second.
+func TestShouldPing(t *testing.T) {
+	for _, c := range []struct {
+		idle time.Duration
+		want bool
+	}{{0, false}, {2 * time.Second, false}, {59 * time.Second, false}, {61 * time.Second, true}, {time.Hour, true}} {
+		if got := worker.ShouldPing(context.Background(), pgxpool.ShouldPingParams{IdleDuration: c.idle}); got != c.want {
+			t.Errorf("idle %v: ShouldPing %v, want %v", c.idle, got, c.want)
+		}
+	}
+}
+
+// A heartbeat that takes a connection the server ended while it sat in the
+// pool, handed out unchecked (ShouldPing), is sent again at once on a new
+// one: no heartbeat fails.
+func TestHeartbeatOnALostConnection(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	const app = "worker-lost-connection"
+	pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1
+		cfg.ShouldPing = worker.ShouldPing
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
+	})
+	l, err := listener.New(&listener.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, stopListening := context.WithCancel(context.Background())
+	listening := make(chan struct{})
+	go func() { defer close(listening); _ = l.Listen(lctx) }()
+	t.Cleanup(func() { stopListening(); <-listening })
+	w := start(t, pool, &worker.Config{Handler: newGate(), Listener: l, SafetyNet: time.Hour, ReapInterval: time.Hour,
+		HeartbeatInterval: 100 * time.Millisecond})
+	waitFor(t, "a look for work and a heartbeat", func() bool { s := w.Stats(); return s.Claims > 0 && s.Heartbeats > 0 })
+
+	pgtest.EndSession(t, url, app)
+	beats := w.Stats().Heartbeats
+	waitFor(t, "two more heartbeats", func() bool { return w.Stats().Heartbeats >= beats+2 })
+	if s := w.Stats(); s.HeartbeatErrors != 0 || s.ClaimErrors != 0 {
+		t.Fatalf("heartbeat errors %d, claim errors %d; want none", s.HeartbeatErrors, s.ClaimErrors)
+	}
+}

@@ -93,12 +93,16 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return PoolFor(t, URL(t))
 }
 
-// PoolFor opens a pool on url, closed at the end of the test.
-func PoolFor(t testing.TB, url string) *pgxpool.Pool {
+// PoolFor opens a pool on url, closed at the end of the test; each tune
+// adjusts its configuration first.
+func PoolFor(t testing.TB, url string, tune ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("parse database URL: %v", err)
+	}
+	for _, f := range tune {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
@@ -227,4 +231,29 @@ func migrationsHash() (string, error) {
 		return "", errors.New("hash migrations: " + err.Error())
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// EndSession ends the session of the one connection to url's database whose
+// application_name is app, as a server restart or an operator would, and
+// waits until it is gone.
+func EndSession(t testing.TB, url, app string) {
+	t.Helper()
+	ctx := context.Background()
+	conn := connect(t, url)
+	defer conn.Close(ctx)
+	var pid int32
+	if err := conn.QueryRow(ctx, `SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, app).Scan(nil, &pid); err != nil {
+		t.Fatalf("end the session of %s: %v", app, err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+	t.Fatalf("the session of %s (pid %d) did not end", app, pid)
 }
