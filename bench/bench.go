@@ -362,13 +362,20 @@ func (b *Bench) outcomes(ctx context.Context, want int) error {
 	return nil
 }
 
-// workerPool opens a pool of its own for a worker runtime, as a separate
-// process would have, set up as pgworker run sets up its own.
-func (b *Bench) workerPool(ctx context.Context, conns int, params map[string]string) (*pgxpool.Pool, error) {
+// workerPoolConfig is the configuration of a worker runtime's own pool of
+// conns connections, as a separate process would have, set up as pgworker
+// run sets up its own.
+func (b *Bench) workerPoolConfig(conns int) *pgxpool.Config {
 	cfg := b.pool.Config().Copy()
 	cfg.MaxConns = int32(max(conns, 1))
 	cfg.MinConns = 0
 	cfg.ShouldPing = worker.ShouldPing
+	return cfg
+}
+
+// workerPool opens a pool of its own for a worker runtime (workerPoolConfig).
+func (b *Bench) workerPool(ctx context.Context, conns int, params map[string]string) (*pgxpool.Pool, error) {
+	cfg := b.workerPoolConfig(conns)
 	for k, v := range params {
 		cfg.ConnConfig.RuntimeParams[k] = v
 	}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgworker/pgworker/worker"
 )
 
 // LatencySteps are the parts of a pickup, each summarised over the rows.
@@ -46,10 +44,7 @@ func newPickupTrace() *pickupTrace { return &pickupTrace{} }
 
 // tracedPool is workerPool with t tracing its claim queries.
 func (b *Bench) tracedPool(ctx context.Context, conns int, t *pickupTrace) (*pgxpool.Pool, error) {
-	cfg := b.pool.Config().Copy()
-	cfg.MaxConns = int32(max(conns, 1))
-	cfg.MinConns = 0
-	cfg.ShouldPing = worker.ShouldPing
+	cfg := b.workerPoolConfig(conns)
 	cfg.ConnConfig.Tracer = t
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

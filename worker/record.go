@@ -477,17 +477,15 @@ func cleanText(s string) string {
 // retryable reports whether a failed statement may succeed when sent again:
 // connection trouble, a server restarting or failing over, lost races.
 func retryable(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return true // network errors and timeouts
-	}
-	if strings.HasPrefix(pgErr.Code, "08") { // connection exception
+	if claim.ConnectionLost(err) || claim.RaceLost(err) { // network errors, timeouts, sessions ended
 		return true
 	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
 	switch pgErr.Code {
-	case "40001", "40P01", // serialization failure, deadlock
-		"57P01", "57P02", "57P03", // admin shutdown, crash shutdown, cannot connect now
-		"53300", "25006", "55P03", "57014": // too many connections, read-only (standby), lock timeout, query cancelled
+	case "53300", "25006", "55P03", "57014": // too many connections, read-only (standby), lock timeout, query cancelled
 		return true
 	}
 	return false

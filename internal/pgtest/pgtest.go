@@ -246,14 +246,11 @@ func EndSession(t testing.TB, url, app string) {
 		WHERE datname = current_database() AND application_name = $1`, app).Scan(nil, &pid); err != nil {
 		t.Fatalf("end the session of %s: %v", app, err)
 	}
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	testhelp.WaitEvery(t, 2*time.Minute, 10*time.Millisecond, "the session of "+app+" to end", func() bool {
 		var n int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			return
-		}
-	}
-	t.Fatalf("the session of %s (pid %d) did not end", app, pid)
+		return n == 0
+	})
 }
