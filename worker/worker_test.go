@@ -590,9 +590,12 @@ func TestFailureReportAndRetry(t *testing.T) {
 		AND exit_code = 3 AND stderr_tail = 'disk on fire' AND error = 'backend exited with 3' AND output = '["partial"]'`, id); n != 1 {
 		t.Fatal("the failed attempt's report is not recorded")
 	}
-	// The retry's wake-up is a safety wake, unless a listener reconnect (a
-	// loaded machine's missed ping) rang the doorbell after it came due.
-	if s := w.Stats(); s.Failed != 1 || s.Done != 1 || (s.SafetyWakes == 0 && s.ListenerReconnects == 0) {
+	// The retry needs no notification. What claims it is not fixed: the
+	// wake-up set for its backoff (a safety wake), a listener reconnect, or,
+	// on a loaded machine, one of the looks the freed slot makes after the
+	// failure, when they come later than the backoff. Package claim tests
+	// the wake-up alone (TestRunSafetyNetAndWakeAt).
+	if s := w.Stats(); s.Failed != 1 || s.Done != 1 {
 		t.Fatalf("stats: %+v", s)
 	}
 }
