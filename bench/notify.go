@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,11 +43,20 @@ const (
 	PhaseListen  = "listen"  // the same, one session listening
 	PhaseQueue   = "queue"   // the bare queue: the same, and each notification answered by a claim
 	PhaseEnqueue = "enqueue" // pgworker's own insert into files.files, a session listening on files_pending
+	PhaseAPI     = "api"     // the queue through the SQL API: the same, each notification answered by files.claim_batch
 )
 
 // notifyClaimBatch is the most rows the bare queue claims at once; a claim
 // that gets as many claims again at once, as pgworker run's do.
 const notifyClaimBatch = 10
+
+// apiSlots are the slots the API phase claims for; apiAsk the most idle
+// ones a claim asks rows for, as pgworker run asks for two when rows come
+// one at a time (a claim that fills them all is followed by another).
+const (
+	apiSlots = 2 * notifyClaimBatch
+	apiAsk   = 2
+)
 
 // notifyWarmup rows go through each phase before its measurement.
 const notifyWarmup = 5
@@ -82,10 +93,11 @@ type NotifyPhase struct {
 	ServerCPUMSPerRow float64 `json:"server_cpu_ms_per_row"`
 	// WALBytesPerRow is the server's WAL written over the rows.
 	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
-	// Pickup, of the queue phase only, runs from an insert's commit
-	// returning to the answer of the claim that took its row;
+	// Pickup, of the queue and API phases only, runs from an insert's
+	// commit returning to the answer of the claim that took its row;
 	// CommitToNotify to its notification reaching the listening session
-	// (negative when it came first), Claim is the claim's round trip.
+	// (negative when it came first; of the queue phase only, whose
+	// notifications name their row), Claim is the claim's round trip.
 	Pickup         *Percentiles `json:"pickup,omitempty"`
 	CommitToNotify *Percentiles `json:"commit_to_notify,omitempty"`
 	Claim          *Percentiles `json:"claim,omitempty"`
@@ -98,10 +110,12 @@ type NotifyPhase struct {
 // insert with a notification in the same statement, first with no session
 // listening, then with one; the bare queue, where that session's notifications are answered at once
 // by a bare claim (FOR UPDATE SKIP LOCKED) and a completion, which times
-// the pickup a queue on this database can approach; and pgworker's own
+// the pickup a queue on this database can approach; pgworker's own
 // insert into files.files, its trigger and a session listening on
-// files_pending, with no worker. Each phase's server CPU per row says what
-// each step costs.
+// files_pending, with no worker; and the queue through the SQL API, that
+// insert answered by files.claim_batch and files.complete_many as pgworker
+// run calls them, with no runtime: the pickup the SQL API leaves the
+// runtime. Each phase's server CPU per row says what each step costs.
 func (b *Bench) Notify(ctx context.Context, cfg *NotifyConfig) (*NotifyResult, error) {
 	c := NotifyConfig{}
 	if cfg != nil {
@@ -129,7 +143,7 @@ func (b *Bench) Notify(ctx context.Context, cfg *NotifyConfig) (*NotifyResult, e
 		defer inserters.Close()
 		n := max(int(c.Rate*c.Duration.Seconds()), 1)
 		r := &notifyRun{b: b, c: &c, server: server, inserters: inserters, rows: n}
-		for _, phase := range []string{PhaseInsert, PhaseNotify, PhaseListen, PhaseQueue, PhaseEnqueue} {
+		for _, phase := range []string{PhaseInsert, PhaseNotify, PhaseListen, PhaseQueue, PhaseEnqueue, PhaseAPI} {
 			p, err := r.phase(ctx, phase)
 			if err != nil {
 				return fmt.Errorf("bench: phase %s: %w", phase, err)
@@ -156,20 +170,32 @@ type notifyRun struct {
 
 // phase runs one phase: its warm-up rows, then its measured rows. Its
 // sessions are its own, closed at its end.
-func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error) {
+func (r *notifyRun) phase(ctx context.Context, name string) (_ *NotifyPhase, err error) {
 	insert, listen := sqlBareNotify, sqlNotifyListen
 	switch name {
 	case PhaseInsert:
 		insert, listen = sqlBareInsert, ""
 	case PhaseNotify:
 		listen = ""
-	case PhaseEnqueue:
+	case PhaseEnqueue, PhaseAPI:
 		insert, listen = sqlInsertOne, sqlListenPending
 	}
-	// Each phase starts on an empty table: the bare queue would take the
-	// rows of the phases before it first.
+	served := name == PhaseQueue || name == PhaseAPI
+	// Each phase starts on empty tables: a queue would take the rows of the
+	// phases before it first.
 	if _, err := r.inserters.Exec(ctx, sqlBareTruncate); err != nil {
 		return nil, err
+	}
+	if name == PhaseAPI {
+		if err := r.b.cleanup(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var slots *apiSlotSet
+	if name == PhaseAPI {
+		// Stopped last, once the claimer and the completer are done.
+		slots = newAPISlots()
+		defer func() { err = errors.Join(err, slots.deregister(context.WithoutCancel(ctx), r.b)) }()
 	}
 	tr := newBareTrace()
 	if listen != "" {
@@ -187,17 +213,22 @@ func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error
 		}
 		bell := make(chan struct{}, 1)
 		wg.Go(func() { tr.listen(pctx, conns[0], bell) })
-		if name == PhaseQueue {
-			claimed := make(chan []int64, 64)
-			wg.Go(func() { tr.serve(pctx, conns[1], bell, claimed) })
-			wg.Go(func() { tr.complete(pctx, conns[2], claimed) })
+		switch name {
+		case PhaseQueue:
+			claimed := make(chan taken, 64)
+			wg.Go(func() { tr.serve(pctx, conns[1], bell, claimed, tr.claimBare) })
+			wg.Go(func() { tr.complete(pctx, conns[2], claimed, completeBare) })
+		case PhaseAPI:
+			claimed := make(chan taken, 64)
+			wg.Go(func() { tr.serve(pctx, conns[1], bell, claimed, slots.claim(tr)) })
+			wg.Go(func() { tr.complete(pctx, conns[2], claimed, slots.complete) })
 		}
 	}
 	// Warm-up: the sessions' first statements and plans, not measured.
 	if err := r.insertAtRate(ctx, insert, notifyWarmup, tr); err != nil {
 		return nil, err
 	}
-	if err := tr.waitDone(ctx, name == PhaseQueue, notifyWarmup, r.c.PickupTimeout); err != nil {
+	if err := tr.waitDone(ctx, served, notifyWarmup, r.c.PickupTimeout); err != nil {
 		return nil, err
 	}
 	lsn, cpu, err := r.reading(ctx)
@@ -209,7 +240,7 @@ func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error
 	if err := r.insertAtRate(ctx, insert, r.rows, tr); err != nil {
 		return nil, err
 	}
-	if err := tr.waitDone(ctx, name == PhaseQueue, notifyWarmup+r.rows, r.c.PickupTimeout); err != nil {
+	if err := tr.waitDone(ctx, served, notifyWarmup+r.rows, r.c.PickupTimeout); err != nil {
 		return nil, err
 	}
 	elapsed := time.Since(t0)
@@ -224,7 +255,7 @@ func (r *notifyRun) phase(ctx context.Context, name string) (*NotifyPhase, error
 	n := float64(r.rows)
 	p := &NotifyPhase{Name: name, Rows: r.rows, ElapsedMS: ms(elapsed), RowsPerSec: round(n/elapsed.Seconds(), 1),
 		ServerCPUMSPerRow: round(ms(cpu2-cpu)/n, 4), WALBytesPerRow: round(wal/n, 1)}
-	if name == PhaseQueue {
+	if served {
 		if err := tr.pickups(p, first, r.next); err != nil {
 			return nil, err
 		}
@@ -310,11 +341,21 @@ func (t *bareTrace) listen(ctx context.Context, conn *pgx.Conn, bell chan<- stru
 	}
 }
 
-// serve is the bare queue's claimer: at each ring it claims up to
-// notifyClaimBatch rows, at once again while a claim comes back full, and
-// hands what it took to complete, as pgworker run's slots hand their
-// outcomes to a recorder of their own.
-func (t *bareTrace) serve(ctx context.Context, conn *pgx.Conn, bell <-chan struct{}, claimed chan<- []int64) {
+// taken is what one claim took: the rows' ids and, through the SQL API,
+// what their outcomes need.
+type taken struct {
+	ids      []int64
+	slots    []string
+	attempts []int32
+	tokens   []string
+}
+
+// serve is a queue's claimer: at each ring it claims with claimOnce, at
+// once again while a claim comes back full, and hands what it took to
+// complete, as pgworker run's slots hand their outcomes to a recorder of
+// their own.
+func (t *bareTrace) serve(ctx context.Context, conn *pgx.Conn, bell <-chan struct{}, claimed chan<- taken,
+	claimOnce func(context.Context, *pgx.Conn) (taken, bool, error)) {
 	defer close(claimed)
 	for {
 		select {
@@ -323,29 +364,30 @@ func (t *bareTrace) serve(ctx context.Context, conn *pgx.Conn, bell <-chan struc
 			return
 		}
 		for {
-			ids, err := t.claimOnce(ctx, conn)
+			got, full, err := claimOnce(ctx, conn)
 			if err != nil {
 				t.fail(ctx, err)
 				return
 			}
-			if len(ids) > 0 {
+			if len(got.ids) > 0 {
 				select {
-				case claimed <- ids:
+				case claimed <- got:
 				case <-ctx.Done():
 					return
 				}
 			}
-			if len(ids) < notifyClaimBatch {
+			if !full {
 				break
 			}
 		}
 	}
 }
 
-// complete marks the claimed rows done: those of every claim that waits
-// for it in one statement, as pgworker run's recorder does with outcomes.
-func (t *bareTrace) complete(ctx context.Context, conn *pgx.Conn, claimed <-chan []int64) {
-	for ids := range claimed {
+// complete records the outcomes of what was claimed: of every claim that
+// waits for it in one statement, as pgworker run's recorder does.
+func (t *bareTrace) complete(ctx context.Context, conn *pgx.Conn, claimed <-chan taken,
+	record func(context.Context, *pgx.Conn, taken) error) {
+	for got := range claimed {
 	waiting:
 		for {
 			select {
@@ -353,17 +395,18 @@ func (t *bareTrace) complete(ctx context.Context, conn *pgx.Conn, claimed <-chan
 				if !ok {
 					break waiting
 				}
-				ids = append(ids, more...)
+				got.ids, got.slots = append(got.ids, more.ids...), append(got.slots, more.slots...)
+				got.attempts, got.tokens = append(got.attempts, more.attempts...), append(got.tokens, more.tokens...)
 			default:
 				break waiting
 			}
 		}
-		if _, err := conn.Exec(ctx, sqlSkipComplete, ids); err != nil {
+		if err := record(ctx, conn, got); err != nil {
 			t.fail(ctx, fmt.Errorf("complete: %w", err))
 			return
 		}
 		t.mu.Lock()
-		t.done += len(ids)
+		t.done += len(got.ids)
 		t.wakeWaiters()
 		t.mu.Unlock()
 	}
@@ -389,46 +432,167 @@ func (t *bareTrace) wakeWaiters() {
 	t.changed = make(chan struct{})
 }
 
-// claimOnce claims up to notifyClaimBatch rows and notes when each was
-// taken.
-func (t *bareTrace) claimOnce(ctx context.Context, conn *pgx.Conn) ([]int64, error) {
+// claimBare claims up to notifyClaimBatch rows of the bare table and notes
+// when each was taken; full when it took as many.
+func (t *bareTrace) claimBare(ctx context.Context, conn *pgx.Conn) (taken, bool, error) {
 	sent := time.Now()
 	rows, err := conn.Query(ctx, sqlBareClaim, Queue, "bare", notifyClaimBatch)
 	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return taken{}, false, fmt.Errorf("claim: %w", err)
 	}
-	var ids []int64
+	var got taken
 	var seqs []int
 	for rows.Next() {
 		var id int64
 		var source string
 		if err := rows.Scan(&id, &source); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("claim: %w", err)
+			return taken{}, false, fmt.Errorf("claim: %w", err)
 		}
 		seq, ok := seqOf(source)
 		if !ok {
 			rows.Close()
-			return nil, fmt.Errorf("claim: a row of source %q", source)
+			return taken{}, false, fmt.Errorf("claim: a row of source %q", source)
 		}
-		ids, seqs = append(ids, id), append(seqs, seq)
+		got.ids, seqs = append(got.ids, id), append(seqs, seq)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return taken{}, false, fmt.Errorf("claim: %w", err)
 	}
-	answered := time.Now()
+	t.took(seqs, sent, time.Now())
+	return got, len(got.ids) == notifyClaimBatch, nil
+}
+
+// completeBare marks the bare table's claimed rows done.
+func completeBare(ctx context.Context, conn *pgx.Conn, got taken) error {
+	_, err := conn.Exec(ctx, sqlSkipComplete, got.ids)
+	return err
+}
+
+// took notes that a claim sent at sent and answered at answered took the
+// rows seqs.
+func (t *bareTrace) took(seqs []int, sent, answered time.Time) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, seq := range seqs {
 		if seq < len(t.claimed) {
 			t.claimed[seq], t.claimTook[seq] = answered, answered.Sub(sent)
 		}
 	}
-	t.mu.Unlock()
-	return ids, nil
 }
 
-// waitDone waits until the bare queue has completed n rows, if served.
+// The API phase's statements: the claim of pgworker run, its columns
+// those the outcome needs, and the outcome through files.complete_many
+// (sqlAPIComplete).
+const sqlAPIClaimSources = `SELECT id, source, worker_id, attempt, claim_token FROM files.claim_batch($1::text[], ARRAY[$2::text], $3)
+WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`
+
+// apiSlotSet holds the slots of the API phase: their ids, their key, and
+// the ones holding no row.
+type apiSlotSet struct {
+	ids  []string
+	key  string
+	free chan string
+}
+
+func newAPISlots() *apiSlotSet {
+	pid := strconv.Itoa(os.Getpid())
+	s := &apiSlotSet{key: "pgworker-bench-key-" + pid, free: make(chan string, apiSlots)}
+	for i := range apiSlots {
+		id := workerPrefix + pid + ":notify:" + strconv.Itoa(i)
+		s.ids = append(s.ids, id)
+		s.free <- id
+	}
+	return s
+}
+
+// claim returns the API phase's claimOnce: files.claim_batch for up to
+// apiAsk slots holding no row (waiting for one when all hold a row), full
+// when every slot asked for took a row.
+func (s *apiSlotSet) claim(t *bareTrace) func(context.Context, *pgx.Conn) (taken, bool, error) {
+	return func(ctx context.Context, conn *pgx.Conn) (taken, bool, error) {
+		var ask []string
+		select {
+		case id := <-s.free:
+			ask = append(ask, id)
+		case <-ctx.Done():
+			return taken{}, false, nil
+		}
+	more:
+		for len(ask) < apiAsk {
+			select {
+			case id := <-s.free:
+				ask = append(ask, id)
+			default:
+				break more
+			}
+		}
+		sent := time.Now()
+		rows, err := conn.Query(ctx, sqlAPIClaimSources, ask, Queue, s.key)
+		if err != nil {
+			return taken{}, false, fmt.Errorf("claim: %w", err)
+		}
+		var got taken
+		var seqs []int
+		for rows.Next() {
+			var (
+				id                  int64
+				source, slot, token string
+				attempt             int32
+			)
+			if err := rows.Scan(&id, &source, &slot, &attempt, &token); err != nil {
+				rows.Close()
+				return taken{}, false, fmt.Errorf("claim: %w", err)
+			}
+			seq, ok := seqOf(source)
+			if !ok {
+				rows.Close()
+				return taken{}, false, fmt.Errorf("claim: a row of source %q", source)
+			}
+			got.ids, got.slots = append(got.ids, id), append(got.slots, slot)
+			got.attempts, got.tokens = append(got.attempts, attempt), append(got.tokens, token)
+			seqs = append(seqs, seq)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return taken{}, false, fmt.Errorf("claim: %w", err)
+		}
+		t.took(seqs, sent, time.Now())
+		for _, id := range ask {
+			if !slices.Contains(got.slots, id) {
+				s.free <- id
+			}
+		}
+		return got, len(got.ids) == len(ask), nil
+	}
+}
+
+// complete records the claimed rows done through files.complete_many and
+// frees their slots.
+func (s *apiSlotSet) complete(ctx context.Context, conn *pgx.Conn, got taken) error {
+	var n int
+	if err := conn.QueryRow(ctx, sqlAPIComplete, got.ids, got.slots, got.attempts, got.tokens).Scan(&n); err != nil {
+		return err
+	}
+	if n != len(got.ids) {
+		return fmt.Errorf("files.complete_many recorded %d of %d outcomes", n, len(got.ids))
+	}
+	for _, id := range got.slots {
+		s.free <- id
+	}
+	return nil
+}
+
+// deregister stops the slots, so that the cleanup deletes them.
+func (s *apiSlotSet) deregister(ctx context.Context, b *Bench) error {
+	if _, err := b.pool.Exec(ctx, sqlAPIDeregister, s.ids, s.key); err != nil {
+		return fmt.Errorf("bench: deregister the slots: %w", err)
+	}
+	return nil
+}
+
+// waitDone waits until the phase's queue has completed n rows, if served.
 func (t *bareTrace) waitDone(ctx context.Context, served bool, n int, timeout time.Duration) error {
 	if !served {
 		return nil
@@ -455,8 +619,8 @@ func (t *bareTrace) waitDone(ctx context.Context, served bool, n int, timeout ti
 	}
 }
 
-// pickups sets the queue phase's pickup and its steps, of the rows from
-// first to end.
+// pickups sets a served phase's pickup and its steps, of the rows from
+// first to end; the notifications' arrival when they named their rows.
 func (t *bareTrace) pickups(p *NotifyPhase, first, end int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -471,8 +635,12 @@ func (t *bareTrace) pickups(p *NotifyPhase, first, end int) error {
 			notify = append(notify, t.notified[seq].Sub(t.commit[seq]))
 		}
 	}
-	pu, cn, cl := percentiles(pickup), percentiles(notify), percentiles(claim)
-	p.Pickup, p.CommitToNotify, p.Claim = &pu, &cn, &cl
+	pu, cl := percentiles(pickup), percentiles(claim)
+	p.Pickup, p.Claim = &pu, &cl
+	if len(notify) > 0 {
+		cn := percentiles(notify)
+		p.CommitToNotify = &cn
+	}
 	return nil
 }
 

@@ -173,7 +173,7 @@ xacts_per_row, statements. --claim-cooldown gives the worker pgworker run's
 		help: `
 Measures what a queue driven by LISTEN/NOTIFY costs the database with no
 queue software, on the table of bench skiplocked (in a schema of its own,
-dropped at the end). Five phases each insert rows one per transaction at
+dropped at the end). Six phases each insert rows one per transaction at
 --rate per second for --duration, on four connections, after five warm-up
 rows:
 
@@ -188,14 +188,20 @@ rows:
   enqueue  pgworker's own insert into files.files (its trigger counts the
            row and notifies files_pending), one session listening, no
            worker
+  api      the same, each notification answered at once through the SQL
+           API as pgworker run calls it (files.claim_batch for two idle
+           slots, committed asynchronously, and files.complete_many), with
+           no runtime
 
 Each phase's server CPU per row is read from /proc as in bench cpu (the
-server must run on this machine). The queue phase also times the pickup, from
-an insert's commit returning to the answer of the claim that took its row,
-with its notification's arrival and the claim's round trip: what pgworker's
-pickup (bench latency) can approach on this database. JSON: phases (name,
-server_cpu_ms_per_row, wal_bytes_per_row, rows_per_sec; pickup,
-commit_to_notify and claim for the queue phase).`,
+server must run on this machine). The queue and api phases also time the
+pickup, from an insert's commit returning to the answer of the claim that
+took its row, and the claim's round trip (the queue phase also its
+notification's arrival): what pgworker's pickup (bench latency) can
+approach on this database, with no queue software and with the SQL API
+alone. JSON: phases (name, server_cpu_ms_per_row, wal_bytes_per_row,
+rows_per_sec; pickup and claim for the queue and api phases,
+commit_to_notify for the queue phase).`,
 		examples: "pgworker bench notify\npgworker bench notify --rate 50 --duration 10s --json",
 	},
 	"herd": {

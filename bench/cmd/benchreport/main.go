@@ -537,10 +537,17 @@ func (rp *report) latencyGoals() []goal {
 	// pickup of a queue with no queue software on this database.
 	bare50, bare99 := rp.notifyFigures(pg.n("rate"), "queue", "pickup.p50_ms"), rp.notifyFigures(pg.n("rate"), "queue", "pickup.p99_ms")
 	bound50, bound99, with50, with99 := "", "", "", ""
+	// The same queue through the SQL API with no runtime: what of the
+	// pickup the functions take and what the runtime adds.
+	api50, api99 := rp.notifyFigures(pg.n("rate"), "api", "pickup.p50_ms"), rp.notifyFigures(pg.n("rate"), "api", "pickup.p99_ms")
 	if len(bare50) > 0 {
 		b50, b99 := median(bare50), median(bare99)
 		with50 = fmt.Sprintf("; the bare queue %.2f ms", b50)
 		with99 = fmt.Sprintf("; the bare queue %.2f ms", b99)
+		if len(api50) > 0 {
+			with50 += fmt.Sprintf(", the SQL API with no runtime %.2f ms", median(api50))
+			with99 += fmt.Sprintf(", the SQL API with no runtime %.2f ms", median(api99))
+		}
 		if b50 > 0.7 {
 			bound50 = fmt.Sprintf("the bare LISTEN/NOTIFY queue's own pickup is %.2f ms on this database (bench notify, median of %d runs)", b50, len(bare50))
 		}
@@ -1120,12 +1127,15 @@ func renderNotify(p printer, rp *report) {
 	p("and a completion on a connection of its own, as `pgworker run` does with no claim\n")
 	p("cooldown; and pgworker's own insert into\n")
 	p("`files.files` (its trigger counts the row and notifies `files_pending`) with a session\n")
-	p("listening and no worker. Server CPU per row as in the table above, from the start of the\n")
-	p("phase's inserts to its last commit (to its last completion for the bare queue); medians\n")
-	p("of the runs.\n\n")
+	p("listening and no worker; and the queue through the SQL API, where that insert's\n")
+	p("notifications are answered as `pgworker run` answers them (`files.claim_batch` for two\n")
+	p("idle slots, committed asynchronously, and `files.complete_many`) by a loop with no\n")
+	p("runtime. Server CPU per row as in the table above, from the start of the phase's inserts\n")
+	p("to its last commit (to its last completion for the two queues); medians of the runs.\n\n")
 	phases := []struct{ id, name string }{{"insert", "bare insert"}, {"notify", "insert and NOTIFY, nobody listening"},
 		{"listen", "insert and NOTIFY, a session listening"},
-		{"queue", "the bare queue: insert, NOTIFY, claim, completion"}, {"enqueue", "pgworker's insert into files.files, a session listening"}}
+		{"queue", "the bare queue: insert, NOTIFY, claim, completion"}, {"enqueue", "pgworker's insert into files.files, a session listening"},
+		{"api", "the queue through the SQL API: pgworker's insert, claim, completion"}}
 	p("| rate | phase | runs | rows/s | server CPU per row | WAL per row |\n| --- | --- | ---: | ---: | ---: | ---: |\n")
 	for _, rate := range rates {
 		for _, ph := range phases {
@@ -1145,20 +1155,28 @@ func renderNotify(p printer, rp *report) {
 		}
 	}
 	p("\n")
-	p("The bare queue's pickup: from an insert's commit returning to the notification reaching\n")
-	p("the listening session, and to the answer of the claim that took the row; the claim's\n")
-	p("round trip. p50 / p99 in ms, each run.\n\n")
-	p("| rate | run | pickup | commit → notification | claim |\n| --- | ---: | ---: | ---: | ---: |\n")
+	p("The two queues' pickup: from an insert's commit returning to the notification reaching\n")
+	p("the listening session (the bare queue's notifications name their rows; pgworker's name\n")
+	p("the queue), and to the answer of the claim that took the row; the claim's round trip.\n")
+	p("p50 / p99 in ms, each run.\n\n")
+	p("| rate | queue | run | pickup | commit → notification | claim |\n| --- | --- | ---: | ---: | ---: | ---: |\n")
 	for _, rate := range rates {
-		i := 0
-		for _, r := range rs {
-			q := result(phase(r, "queue"))
-			if r.n("rate") != rate || q == nil {
-				continue
+		for _, q := range []struct{ id, name string }{{"queue", "bare"}, {"api", "SQL API"}} {
+			i := 0
+			for _, r := range rs {
+				ph := result(phase(r, q.id))
+				if r.n("rate") != rate || ph == nil {
+					continue
+				}
+				i++
+				pp := func(k string) string {
+					if _, ok := ph.num(k + ".p50_ms"); !ok {
+						return "–"
+					}
+					return fmt.Sprintf("%.3f / %.3f", ph.n(k+".p50_ms"), ph.n(k+".p99_ms"))
+				}
+				p("| %s | %s | %d | **%s** | %s | %s |\n", rateName(rate), q.name, i, pp("pickup"), pp("commit_to_notify"), pp("claim"))
 			}
-			i++
-			pp := func(k string) string { return fmt.Sprintf("%.3f / %.3f", q.n(k+".p50_ms"), q.n(k+".p99_ms")) }
-			p("| %s | %d | **%s** | %s | %s |\n", rateName(rate), i, pp("pickup"), pp("commit_to_notify"), pp("claim"))
 		}
 	}
 	p("\n")
