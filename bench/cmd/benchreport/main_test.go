@@ -95,7 +95,7 @@ func TestGoals(t *testing.T) {
 	var b bytes.Buffer
 	render(&b, rp)
 	out := b.String()
-	for _, s := range []string{"medians of 3 and 3 runs; pgworker 2,000-5,000, River 1,000-3,000",
+	for _, s := range []string{"medians of 3 and 3 runs; pgworker 2,000-5,000, River 1,000-3,000", "LISTEN/NOTIFY queue run in 3 rounds, pgworker",
 		"--slots 2000 --json  # 2 runs\n", "## Machine", "| PostgreSQL | 15.18 |", "fsync off", "## Goals", "## Commands",
 		"pgworker bench throughput --rows 20000", "### Throughput", "| River | 20,000 | 100 | **1,000** |",
 		"### Claim at depth", "| 10,000 | 100 |",
@@ -118,6 +118,28 @@ func TestGoals(t *testing.T) {
 		}
 		if strings.Contains(l, `"samples"`) {
 			t.Errorf("raw line %q keeps its samples", l)
+		}
+	}
+}
+
+// The pickup may alternate in more rounds than the burn-downs; the report
+// says so.
+func TestRoundsOfThePickup(t *testing.T) {
+	t.Parallel()
+	more := `{"mode":"latency","system":"pgworker","rows":500,"rate":50,"slots":100,"p50_ms":0.7,"p99_ms":1.5}
+{"mode":"latency","system":"river","rows":500,"slots":100,"fetch_cooldown_ms":1,"p50_ms":0.8}
+`
+	for _, tc := range []struct {
+		extra string
+		want  string
+	}{
+		{"", "queue run in 3 rounds, pgworker"},
+		{more + more, "queue run in 3 rounds (the pickup, River tuned's and the bare queue's at the pickup's rate in 5), pgworker"},
+	} {
+		var b bytes.Buffer
+		render(&b, &report{results: readSample(t, sample+tc.extra), date: time.Now()})
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("with %d more pickup runs, the report lacks %q", strings.Count(tc.extra, "pgworker"), tc.want)
 		}
 	}
 }
