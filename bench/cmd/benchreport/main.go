@@ -518,16 +518,26 @@ func (rp *report) latencyP50s(system string, slotCount float64, k kind) (p50, p9
 	return p50, p99
 }
 
+// pickups returns pgworker's first latency run with no cooldown (nil when
+// there is none), and the pickup p50s and p99s of the runs like it.
+func (rp *report) pickups() (pg result, p50, p99 []float64) {
+	pg = rp.find("pgworker", "latency", func(r result) bool { return kindOf(r) == plain })
+	if pg == nil {
+		return nil, nil, nil
+	}
+	p50, p99 = rp.latencyP50s("pgworker", pg.n("slots"), plain)
+	return pg, p50, p99
+}
+
 // latencyGoals are the pickup p50 and p99 on their own and against River's,
 // each a median of the runs.
 func (rp *report) latencyGoals() []goal {
 	const target = "≥ 20x lower than River"
-	pg := rp.find("pgworker", "latency", func(r result) bool { return kindOf(r) == plain })
+	pg, p50s, p99s := rp.pickups()
 	if pg == nil {
 		return []goal{notMeasured("pickup p50", "≤ 0.7 ms", "no pgworker latency run")}
 	}
 	slots := pg.n("slots")
-	p50s, p99s := rp.latencyP50s("pgworker", slots, plain)
 	p50, p99 := median(p50s), median(p99s)
 	runs := ""
 	if len(p50s) > 1 {
@@ -787,18 +797,15 @@ func (rp *report) notifyFigures(rate float64, phaseName, key string) []float64 {
 // 2,000-slot burn-down, and the pickup's when it ran in more.
 func (rp *report) rounds() string {
 	burn := len(rp.throughputs("pgworker", 2000))
-	pg := rp.find("pgworker", "latency", func(r result) bool { return kindOf(r) == plain })
-	if pg == nil {
+	_, p50s, _ := rp.pickups()
+	switch pickup := len(p50s); {
+	case pickup <= burn:
 		return roundsOf(burn)
+	case burn == 0:
+		return roundsOf(pickup)
+	default:
+		return fmt.Sprintf("%s (the pickup, River tuned's and the bare queue's at the pickup's rate in %d)", roundsOf(burn), pickup)
 	}
-	pickup, _ := rp.latencyP50s("pgworker", pg.n("slots"), plain)
-	if burn == 0 {
-		return roundsOf(len(pickup))
-	}
-	if len(pickup) <= burn {
-		return roundsOf(burn)
-	}
-	return fmt.Sprintf("%s (the pickup, River tuned's and the bare queue's at the pickup's rate in %d)", roundsOf(burn), len(pickup))
 }
 
 func roundsOf(n int) string {
