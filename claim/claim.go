@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/retry"
@@ -196,6 +197,8 @@ type Claimer struct {
 	wakes   []wake // sorted by at
 	lastErr string
 
+	scratch []Row // the rows of the last claim, delivered; Run's alone
+
 	freed       chan struct{} // a slot became idle
 	rescheduled chan struct{} // wakes changed
 
@@ -257,21 +260,25 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		return nil, c.countErr(err)
 	}
 	defer rs.Close()
-	// At most one row per slot, each scanned in place.
-	var out []Row
+	// At most one row per slot, each scanned in place into the rows of the
+	// last claim, which Run has delivered by value. The rows of a claim share
+	// its token and mostly their queue: one string for each, not one a row.
+	out := c.scratch[:0]
 	var priority, attempt, maxAttempts int32
+	var queue, token pgtype.DriverBytes
+	var lastQueue, lastToken string
 	for rs.Next() {
-		if out == nil {
-			out = make([]Row, 0, len(workerIDs))
-		}
 		out = append(out, Row{})
 		r := &out[len(out)-1]
-		if err := rs.Scan(&r.ID, &r.Queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
-			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &r.Token); err != nil {
+		if err := rs.Scan(&r.ID, &queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
+			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &token); err != nil {
 			return nil, c.countErr(fmt.Errorf("claim: scan row: %w", err))
 		}
 		r.Priority, r.Attempt, r.MaxAttempts = int(priority), int(attempt), int(maxAttempts)
+		lastQueue, lastToken = spelled(lastQueue, queue), spelled(lastToken, token)
+		r.Queue, r.Token = lastQueue, lastToken
 	}
+	c.scratch = out
 	if err := rs.Err(); err != nil {
 		// The rows read so far are not committed: the statement failed as a whole.
 		return nil, c.countErr(err)
@@ -281,6 +288,14 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		c.races.Add(1)
 	}
 	return out, nil
+}
+
+// spelled returns last when b spells it, else b as a new string.
+func spelled(last string, b []byte) string {
+	if string(b) == last {
+		return last
+	}
+	return string(b)
 }
 
 func (c *Claimer) countErr(err error) error {
@@ -438,6 +453,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		for _, r := range rows {
 			deliver(r)
 		}
+		clear(rows) // what they point to is the slots' now
 		c.inFlight.Add(-1)
 		c.dropWakes(started)
 		timer.Reset(c.untilSafety())

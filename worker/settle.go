@@ -9,7 +9,8 @@ import (
 
 // decide turns a handler's return into the outcome to record.
 func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, cause error) *outcome {
-	o := &outcome{t: t}
+	o := &t.out
+	*o = outcome{t: t}
 	rep := report{Duration: elapsed}
 	var output json.RawMessage
 	if res != nil {

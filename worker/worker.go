@@ -283,34 +283,37 @@ type Worker struct {
 	closing   atomic.Bool // late outcomes are discarded
 	startStop chan struct{}
 
-	loopCtx       context.Context // heartbeat, reap, record, own listener
-	loopCancel    context.CancelFunc
-	loops         sync.WaitGroup
-	claimCancel   context.CancelFunc
-	claimDone     chan struct{}
-	handlerCtx    context.Context // parent of every handler's context
-	handlerCancel context.CancelCauseFunc
-	handlers      sync.WaitGroup
-	handoff       chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
-	rec           *recorder
-	hb            *heartbeater
+	loopCtx     context.Context // heartbeat, reap, record, own listener
+	loopCancel  context.CancelFunc
+	loops       sync.WaitGroup
+	claimCancel context.CancelFunc
+	claimDone   chan struct{}
+	handlers    sync.WaitGroup
+	handoff     chan *task // unbuffered: a send succeeds only if a handler goroutine waits for a row
+	rec         *recorder
+	hb          *heartbeater
 
-	mu        sync.Mutex
-	ids       []string // the slots, in slot order
-	nextSlot  int
-	running   map[int64]*task     // rows claimed and not yet settled
-	busy      int                 // handlers running
-	unsettled chan struct{}       // a token per slot freed before its outcome was recorded
-	hinted    map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
-	releases  map[int64]int       // rows released by Release, in a row
-	waiting   map[int64]*task     // the latest attempt of a row whose events are held, by row
+	mu          sync.Mutex
+	ids         []string // the slots, in slot order
+	nextSlot    int
+	running     map[int64]*task     // rows claimed and not yet settled
+	shadowed    map[*task]struct{}  // earlier attempts of rows in running, not yet settled
+	handlersOff bool                // the handlers were cancelled (ErrStopping): new ones start so
+	busy        int                 // handlers running
+	unsettled   chan struct{}       // a token per slot freed before its outcome was recorded
+	hinted      map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
+	releases    map[int64]int       // rows released by Release, in a row
+	waiting     map[int64]*task     // the latest attempt of a row whose events are held, by row
 
 	done, failed, released, lost, cancelled, leaseLosses, reaped, pruned atomic.Uint64
 }
 
-// task is a row being worked on.
+// task is a row being worked on. Its job and its outcome are allocated
+// with it: one allocation per row instead of three.
 type task struct {
 	row       claim.Row
+	job       Job     // what the handler is given
+	out       outcome // what it came to, once decided
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	received  time.Time // when the claim's answer arrived
@@ -370,6 +373,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		claimDone:   make(chan struct{}),
 		handoff:     make(chan *task),
 		running:     map[int64]*task{},
+		shadowed:    map[*task]struct{}{},
 		hinted:      map[int64]time.Time{},
 		releases:    map[int64]int{},
 		waiting:     map[int64]*task{},
@@ -481,7 +485,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 
 	w.loopCtx, w.loopCancel = context.WithCancel(context.Background())
-	w.handlerCtx, w.handlerCancel = context.WithCancelCause(context.Background())
 	claimCtx, claimCancel := context.WithCancel(context.Background())
 	w.claimCancel = claimCancel
 
@@ -593,7 +596,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 		return nil
 	}
 	if cancelNow {
-		w.handlerCancel(ErrStopping)
+		w.cancelHandlers()
 	}
 	first := false
 	w.stopOnce.Do(func() { first = true })
@@ -633,7 +636,7 @@ func (w *Worker) stop(ctx context.Context, cancelNow bool) error {
 	w.sub.Close()
 	w.stopControl()
 	w.stopConnect()
-	w.handlerCancel(ErrStopping)
+	w.cancelHandlers()
 	w.logger.Info("worker stopped", "done", w.done.Load(), "failed", w.failed.Load(), "released", w.released.Load())
 	return err
 }
@@ -652,7 +655,7 @@ func (w *Worker) waitHandlers(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	w.handlerCancel(ErrStopping)
+	w.cancelHandlers()
 	grace := time.NewTimer(stopGrace)
 	defer grace.Stop()
 	select {
@@ -704,11 +707,16 @@ func (w *Worker) Stats() Stats {
 // starts one; it runs on the claimer's goroutine, the only sender on handoff.
 func (w *Worker) deliver(r claim.Row) {
 	now := time.Now()
-	ctx, cancel := context.WithCancelCause(w.handlerCtx)
+	// Not a child of a context of the worker's: a parent's set of children
+	// cost every row two writes of a map. cancelHandlers reaches the rows
+	// through running and shadowed instead.
+	ctx, cancel := context.WithCancelCause(context.Background())
 	t := &task{row: r, ctx: ctx, cancel: cancel, received: now}
 	w.mu.Lock()
 	prev := w.running[r.ID]
-	if prev == nil {
+	if prev != nil {
+		w.shadowed[prev] = struct{}{}
+	} else {
 		prev = w.waiting[r.ID] // settled, its events still held
 	}
 	if prev != nil && !prev.ended && w.observer != nil {
@@ -720,7 +728,11 @@ func (w *Worker) deliver(r claim.Row) {
 	}
 	w.running[r.ID] = t
 	w.busy++
+	off := w.handlersOff
 	w.mu.Unlock()
+	if off {
+		cancel(ErrStopping)
+	}
 	w.handlers.Add(1)
 	select {
 	case w.handoff <- t:
@@ -759,7 +771,8 @@ func (w *Worker) execute(t *task) {
 		ctx, cancel = context.WithTimeoutCause(ctx, w.timeout, ErrTimeout)
 		defer cancel()
 	}
-	job := &Job{
+	job := &t.job
+	*job = Job{
 		ID: t.row.ID, Queue: t.row.Queue, Priority: t.row.Priority, Source: t.row.Source,
 		Payload: t.row.Payload, Attempt: t.row.Attempt, MaxAttempts: t.row.MaxAttempts,
 		WorkerID: t.row.WorkerID, CreatedAt: t.row.CreatedAt, ClaimedAt: t.row.ClaimedAt,
@@ -899,6 +912,8 @@ func (w *Worker) forget(t *task) {
 	if w.running[t.row.ID] == t {
 		delete(w.running, t.row.ID)
 		delete(w.hinted, t.row.ID)
+	} else {
+		delete(w.shadowed, t)
 	}
 	if !t.finishing {
 		t.finishing = true
@@ -906,6 +921,24 @@ func (w *Worker) forget(t *task) {
 	}
 	w.mu.Unlock()
 	t.cancel(nil)
+}
+
+// cancelHandlers cancels every handler running and any that starts later,
+// with the cause ErrStopping.
+func (w *Worker) cancelHandlers() {
+	w.mu.Lock()
+	w.handlersOff = true
+	ts := make([]*task, 0, len(w.running)+len(w.shadowed))
+	for _, t := range w.running {
+		ts = append(ts, t)
+	}
+	for t := range w.shadowed {
+		ts = append(ts, t)
+	}
+	w.mu.Unlock()
+	for _, t := range ts {
+		t.cancel(ErrStopping)
+	}
 }
 
 // onListen runs after each LISTEN. A cancellation sent while the listener

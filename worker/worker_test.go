@@ -275,6 +275,26 @@ func lateSuccess(t *testing.T, pool *pgxpool.Pool) (w *worker.Worker, lost func(
 	}
 }
 
+// claimLost leaves row id as a server that lost its claim would (pending,
+// as before the claim), then runs then, in one transaction.
+func claimLost(t *testing.T, pool *pgxpool.Pool, id int64, then func(pgx.Tx)) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // after a failure, so that the pool can close
+	if _, err := tx.Exec(ctx, `UPDATE files.files SET state = 'pending', worker_id = NULL, attempt = attempt - 1,
+		claimed_at = NULL, lease_expires_at = NULL, claim_token_hash = NULL WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	then(tx)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A claim lost with the server: it committed without waiting for its WAL
 // flush, and the server crashed before the flush, so the row is pending
 // again as it was before the claim, with its attempt count, while this
@@ -291,22 +311,12 @@ func TestClaimLostWithTheServer(t *testing.T) {
 
 	// What the crash leaves, and the other worker's claim, in one
 	// transaction: the row as it was before the claim, then claimed again.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) // after a failure, so that the pool can close
-	if _, err := tx.Exec(ctx, `UPDATE files.files SET state = 'pending', worker_id = NULL, attempt = attempt - 1,
-		claimed_at = NULL, lease_expires_at = NULL, claim_token_hash = NULL WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
 	var token string
-	if err := tx.QueryRow(ctx, "SELECT claim_token FROM files.claim('other', NULL, 1) WHERE attempt = 1").Scan(&token); err != nil {
-		t.Fatalf("the other worker's claim: %v", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	claimLost(t, pool, id, func(tx pgx.Tx) {
+		if err := tx.QueryRow(ctx, "SELECT claim_token FROM files.claim('other', NULL, 1) WHERE attempt = 1").Scan(&token); err != nil {
+			t.Fatalf("the other worker's claim: %v", err)
+		}
+	})
 
 	lost("after its claim was lost")
 	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
@@ -438,6 +448,63 @@ func TestStopAndCancelReleases(t *testing.T) {
 	}
 	if s := w.Stats(); s.Released != 3 {
 		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// A row handed back while its handler still runs here (the server lost the
+// claim), and claimed again by another slot of this worker: StopAndCancel
+// reaches both handlers, not only the one whose attempt the row is held for,
+// and only that attempt is recorded.
+func TestStopAndCancelReachesAnEarlierAttempt(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	started := make(chan string, 2)
+	causes := make(chan error, 2)
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		started <- job.WorkerID
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	// No heartbeat during the test: nothing tells the worker that the first
+	// attempt is gone.
+	w, err := worker.New(pool, &worker.Config{Handler: h, Slots: 2, HeartbeatInterval: time.Hour,
+		LeaseTimeout: 2 * time.Hour, SafetyNet: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	first := <-started
+
+	claimLost(t, pool, id, func(tx pgx.Tx) {
+		if _, err := tx.Exec(ctx, "SELECT pg_notify('files_pending', 'default')"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if second := <-started; second == first {
+		t.Fatalf("the row ran again in the same slot %s", first)
+	}
+
+	stopCtx, cancel := context.WithTimeout(ctx, patience)
+	defer cancel()
+	if err := w.StopAndCancel(stopCtx); err != nil {
+		t.Fatalf("StopAndCancel: %v", err)
+	}
+	for range 2 {
+		if cause := <-causes; !errors.Is(cause, worker.ErrStopping) {
+			t.Fatalf("cause %v, want ErrStopping", cause)
+		}
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'pending' AND attempt = 0", id); n != 1 {
+		t.Fatal("the row is not back to pending with no attempt spent")
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE file_id = $1", id); n != 1 {
+		t.Fatalf("%d attempts recorded, want the second one's release alone", n)
 	}
 }
 
