@@ -407,17 +407,24 @@ func (b *Bench) startWorker(ctx context.Context, pool *pgxpool.Pool, name string
 	if err := w.Start(ctx); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	if err := settle(ctx, w); err != nil {
+	if err := settle(ctx, w, cfg.Listener == nil); err != nil {
 		stopWorker(w)
 		return nil, err
 	}
 	return w, nil
 }
 
-// settle waits until w listens, has claimed at least once, and has sent no
-// claim for a while: the claims that starting sends are over.
-func settle(ctx context.Context, w *worker.Worker) error {
+// settle waits until w listens and has sent the claims that starting sends,
+// then for a spell without claims: one claim at start, and one more when a
+// listener of its own first listens and rings. A listener given in the
+// Config must already listen (it rings no later subscriber): its worker
+// claims once.
+func settle(ctx context.Context, w *worker.Worker, ownListener bool) error {
 	const quiet = 200 * time.Millisecond
+	startup := uint64(1)
+	if ownListener {
+		startup = 2
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	var last uint64
 	since := time.Now()
@@ -426,7 +433,7 @@ func settle(ctx context.Context, w *worker.Worker) error {
 		if s.Claims != last {
 			last, since = s.Claims, time.Now()
 		}
-		if s.Listening && s.Claims > 0 && time.Since(since) >= quiet {
+		if s.Listening && s.Claims >= startup && time.Since(since) >= quiet {
 			return nil
 		}
 		if time.Now().After(deadline) {

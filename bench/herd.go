@@ -241,7 +241,10 @@ func (b *Bench) startOne(ctx, lctx context.Context, c HerdConfig, params map[str
 			pool.Close()
 			return fmt.Errorf("bench: %w", err)
 		}
-		h.listening.Go(func() { _ = l.Listen(lctx) })
+		if err := h.listen(ctx, lctx, l); err != nil {
+			pool.Close()
+			return err
+		}
 		cfg.Listener = l
 	} else if pool, err = b.workerPool(ctx, herdConns, params); err != nil {
 		return err
@@ -253,6 +256,27 @@ func (b *Bench) startOne(ctx, lctx context.Context, c HerdConfig, params map[str
 	}
 	h.workers[i] = w
 	return nil
+}
+
+// listen runs l until h stops, and returns once it listens. A listener that
+// listens rings no later subscriber until it connects again, so that its
+// worker claims once at start, not once or twice (settle).
+func (h *herd) listen(ctx, lctx context.Context, l *listener.Listener) error {
+	listening := make(chan struct{})
+	var once sync.Once
+	remove := l.OnConnect(func() { once.Do(func() { close(listening) }) })
+	defer remove()
+	h.listening.Go(func() { _ = l.Listen(lctx) })
+	timer := time.NewTimer(30 * time.Second)
+	defer timer.Stop()
+	select {
+	case <-listening:
+		return nil
+	case <-timer.C:
+		return errors.New("bench: a listener did not listen within 30s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // stop stops the runtimes, their listeners and their pools.
