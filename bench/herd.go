@@ -397,7 +397,11 @@ func (b *Bench) measureHerd(ctx context.Context, c HerdConfig, h *herd, res *Her
 	if err := h.quiesce(ctx); err != nil {
 		return err
 	}
-	sent := h.clients().sentSince(clientsBefore)
+	// The runtimes' counts and the server's wait for them from one reading:
+	// a late claim after it (a lost race's retry on a loaded machine) may
+	// reach the server's counts, never the runtimes' alone.
+	clientsAfter := h.clients()
+	sent := clientsAfter.sentSince(clientsBefore)
 	after, err := b.herdServerStats(ctx, h, before, sent)
 	if err != nil {
 		return err
@@ -410,7 +414,6 @@ func (b *Bench) measureHerd(ctx context.Context, c HerdConfig, h *herd, res *Her
 	total := float64(res.ClaimBatchCalls + res.ClaimCalls)
 	res.ClaimQueriesPerRow = round(total/float64(c.Rows), 3)
 	res.ClaimQueriesPerProcessPerWakeup = round(total/float64(c.Rows*c.Processes), 3)
-	clientsAfter := h.clients()
 	var most uint64
 	for i, n := range clientsAfter.claims {
 		sent := n - clientsBefore.claims[i]
