@@ -12,6 +12,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -793,19 +794,29 @@ func (rp *report) notifyFigures(rate float64, phaseName, key string) []float64 {
 	return out
 }
 
-// rounds says in how many rounds the report's runs alternated: those of the
-// 2,000-slot burn-down, and the pickup's when it ran in more.
+// rounds says in how many rounds the report's runs alternated: those of
+// River's 2,000-slot burn-down, and the runs that took more rounds.
 func (rp *report) rounds() string {
-	burn := len(rp.throughputs("pgworker", 2000))
 	_, p50s, _ := rp.pickups()
-	switch pickup := len(p50s); {
-	case pickup <= burn:
-		return roundsOf(burn)
-	case burn == 0:
-		return roundsOf(pickup)
-	default:
-		return fmt.Sprintf("%s (the pickup, River tuned's and the bare queue's at the pickup's rate in %d)", roundsOf(burn), pickup)
+	burn := len(rp.throughputs("pgworker", 2000))
+	base := cmp.Or(len(rp.throughputs("river", 2000)), burn, len(p50s))
+	var more []string
+	for _, m := range []struct {
+		what string
+		n    int
+	}{
+		{"the pickup, River tuned's and the bare queue's at the pickup's rate", len(p50s)},
+		{"pgworker's burn-down at 2,000 slots and the bare SKIP LOCKED loop", burn},
+		{"the database's CPU per row at 200 rows/s at River's trade and River's", len(rp.cpuFigures("pgworker", 200, "server_cpu_ms_per_row", cooled))},
+	} {
+		if m.n > base {
+			more = append(more, fmt.Sprintf("%s in %d", m.what, m.n))
+		}
 	}
+	if len(more) == 0 {
+		return roundsOf(base)
+	}
+	return fmt.Sprintf("%s (%s)", roundsOf(base), strings.Join(more, "; "))
 }
 
 func roundsOf(n int) string {
