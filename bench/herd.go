@@ -262,9 +262,13 @@ func (b *Bench) startOne(ctx, lctx context.Context, c HerdConfig, params map[str
 // listens rings no later subscriber until it connects again, so that its
 // worker claims once at start, not once or twice (settle).
 func (h *herd) listen(ctx, lctx context.Context, l *listener.Listener) error {
-	listening := make(chan struct{})
-	var once sync.Once
-	remove := l.OnConnect(func() { once.Do(func() { close(listening) }) })
+	listening := make(chan struct{}, 1)
+	remove := l.OnConnect(func() {
+		select {
+		case listening <- struct{}{}:
+		default:
+		}
+	})
 	defer remove()
 	h.listening.Go(func() { _ = l.Listen(lctx) })
 	timer := time.NewTimer(30 * time.Second)
