@@ -164,8 +164,7 @@ func TestBatchCountsFollowEveryOutcome(t *testing.T) {
 }
 
 // When many sessions end a batch's last rows at the same moment, the batch
-// finishes exactly once: by the last of them, or by the next reap when each
-// saw the others' rows still open.
+// finishes exactly once, by the last of them: no reap is needed.
 func TestBatchFinishesOnceUnderConcurrentCompletes(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
@@ -195,7 +194,6 @@ func TestBatchFinishesOnceUnderConcurrentCompletes(t *testing.T) {
 		}
 		start.Done()
 		wg.Wait()
-		mustExec(t, pool, "SELECT files.reap()")
 		if p := batchProgress(t, pool, batch); p != (progress{Total: slots, Done: slots, Finished: true}) {
 			t.Fatalf("round %d: %+v", round, p)
 		}
@@ -203,6 +201,111 @@ func TestBatchFinishesOnceUnderConcurrentCompletes(t *testing.T) {
 			t.Fatalf("round %d: notifications %q, want %s once", round, got, batch)
 		}
 	}
+}
+
+// The last two rows of a batch end in two open transactions: the second
+// waits for the first to commit before it looks, then sees both rows ended
+// and finishes the batch, before any reap. (Each used to see the other's row
+// still open, and the batch finished at the next reap.)
+func TestBatchFinishesWhenItsLastRowsEndTogether(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	notices := listenBatches(t, url)
+	mustExec(t, pool, "INSERT INTO files.files (source, batch) VALUES ('a', 'together'), ('b', 'together')")
+	first, second := claimOne(t, pool, "w-first"), claimOne(t, pool, "w-second")
+
+	tx1, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx1.Rollback(ctx)
+	if _, err := tx1.Exec(ctx, "SELECT files.complete($1, $2, $3, $4)", first.id, first.worker, first.attempt, first.token); err != nil {
+		t.Fatal(err)
+	}
+	tx2, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	pid1, pid2 := backendPid(t, tx1), backendPid(t, tx2)
+	ended := make(chan error, 1)
+	go func() {
+		_, err := tx2.Exec(ctx, "SELECT files.complete($1, $2, $3, $4)", second.id, second.worker, second.attempt, second.token)
+		ended <- err
+	}()
+	// The second end waits for the first transaction: seen in pg_locks.
+	for !queryBool(t, pool, "SELECT $1::int = ANY (pg_blocking_pids($2))", pid1, pid2) {
+		select {
+		case err := <-ended:
+			t.Fatalf("the second end did not wait for the first (err %v)", err)
+		default:
+		}
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ended; err != nil {
+		t.Fatal(err)
+	}
+	if err := tx2.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := batchProgress(t, pool, "together"); p != (progress{Total: 2, Done: 2, Finished: true}) {
+		t.Fatalf("after both ends, before any reap: %+v", p)
+	}
+	if got := notices.until(t, pool); len(got) != 1 || got[0] != "together" {
+		t.Fatalf("notifications %q, want together once", got)
+	}
+}
+
+// An enqueue into a batch in a long transaction holds nothing that an
+// outcome of the batch waits for; the batch stays open for the new row.
+func TestBatchEndDoesNotWaitForAnEnqueue(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	mustExec(t, pool, "INSERT INTO files.files (source, batch) VALUES ('a', 'growing')")
+	h := claimOne(t, pool, "w-growing")
+
+	enqueue, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enqueue.Rollback(ctx)
+	if _, err := enqueue.Exec(ctx, "INSERT INTO files.files (source, batch) VALUES ('b', 'growing')"); err != nil {
+		t.Fatal(err)
+	}
+	// Any wait for a lock fails the outcome instead of hanging the test.
+	end, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer end.Rollback(ctx)
+	mustExec(t, end, "SET LOCAL lock_timeout = '5s'")
+	var completed bool
+	if err := end.QueryRow(ctx, "SELECT files.complete($1, $2, $3, $4)", h.id, h.worker, h.attempt, h.token).Scan(&completed); err != nil || !completed {
+		t.Fatalf("complete: %v, %v", completed, err)
+	}
+	if err := end.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := enqueue.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := batchProgress(t, pool, "growing"); p != (progress{Total: 2, Done: 1, Pending: 1}) {
+		t.Fatalf("after the end and the enqueue: %+v", p)
+	}
+}
+
+func backendPid(t *testing.T, tx pgx.Tx) int {
+	t.Helper()
+	var pid int
+	if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
 
 // A unique key is refused a second time in its queue while its row exists,

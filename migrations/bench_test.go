@@ -3,7 +3,10 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
@@ -40,5 +43,51 @@ func BenchmarkCompleteMany(b *testing.B) {
 				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*size), "µs/row")
 			})
 		}
+	}
+}
+
+// BenchmarkBatchEnds measures the outcomes of a fleet: procs sessions, as
+// many worker processes, each claiming for its slots and recording their
+// outcomes in one statement, on rows without a batch and on rows of one
+// batch, whose ends look in turn whether the batch has finished
+// (files.batch_end_locks). Compare the two rows/s in one run.
+func BenchmarkBatchEnds(b *testing.B) {
+	const procs, slots = 8, 25
+	for _, batch := range []string{"none", "one"} {
+		b.Run("batch="+batch, func(b *testing.B) {
+			pool := pgtest.PoolFor(b, pgtest.URL(b), func(c *pgxpool.Config) { c.MaxConns = procs })
+			ctx := context.Background()
+			name := map[string]any{"none": nil, "one": "ends"}[batch]
+			mustExec(b, pool, "INSERT INTO files.files (source, batch) SELECT 'x' || g, $2 FROM generate_series(1, $1::int) g",
+				b.N*procs*slots, name)
+			mustExec(b, pool, "VACUUM ANALYZE files.files")
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for p := range procs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					conn, err := pool.Acquire(ctx)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					defer conn.Release()
+					workers := make([]string, slots)
+					for i := range workers {
+						workers[i] = fmt.Sprintf("bench:%d:%d", p, i)
+					}
+					for range b.N {
+						ids, held, attempts, tokens := claimBatch(b, conn, workers)
+						if _, err := conn.Exec(ctx, "SELECT count(*) FROM files.complete_many($1, $2, $3, $4)", ids, held, attempts, tokens); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N*procs*slots)/b.Elapsed().Seconds(), "rows/s")
+		})
 	}
 }

@@ -289,6 +289,24 @@ COMMENT ON COLUMN files.batch_counts.recent IS
     'Rows ended, decaying with a time constant of 60 s as of recent_at: recent * exp(-age/60) / 60 is the recent rate per second.';
 COMMENT ON COLUMN files.batch_counts.recent_at IS 'When recent was last updated.';
 
+-- A transaction that ends rows of a batch locks the batch's row here until it
+-- commits, before it looks whether the batch has finished: the ends of a
+-- batch look in turn, each in a snapshot taken after the previous one
+-- committed, so the last sees every end and finishes the batch. A table of
+-- its own, which no role but the owner may lock (an advisory lock could be
+-- taken, and held, by any role that can connect), keyed by a hash of the
+-- batch's name; enqueueing takes none of it.
+CREATE TABLE files.batch_end_locks (
+    bucket smallint PRIMARY KEY,
+    CONSTRAINT batch_end_locks_bucket_valid CHECK (bucket BETWEEN 0 AND 1023)
+);
+COMMENT ON TABLE files.batch_end_locks IS
+    'One row per bucket of batch names (hashtext(batch) & 1023). A transaction that ends rows of a batch locks its '
+    'bucket''s row until it commits, before it looks whether the batch has finished (files.finish_batches): the ends '
+    'of a batch look in turn, so the last one sees all the others. No data; only the owner locks it.';
+COMMENT ON COLUMN files.batch_end_locks.bucket IS 'hashtext(batch) & 1023 of the batches this row serves.';
+INSERT INTO files.batch_end_locks (bucket) SELECT g FROM generate_series(0, 1023) g;
+
 -- Queues: their rows per state are counted as they change, once per
 -- statement, so that files.queue_summary answers without reading files.files.
 -- Each statement that adds, ends or deletes rows appends one line per queue;
@@ -1470,15 +1488,24 @@ AS $$
 DECLARE
     n integer;
 BEGIN
+    -- The ends of a batch look in turn: the bucket's lock is held until this
+    -- transaction commits, and the next statement's snapshot comes after the
+    -- commit of the previous holder, whose rows it therefore sees ended.
+    IF finish_batches.batches IS NOT NULL THEN
+        PERFORM 1 FROM files.batch_end_locks l
+        WHERE l.bucket IN (SELECT hashtext(b.batch) & 1023 FROM unnest(finish_batches.batches) AS b(batch))
+        ORDER BY l.bucket FOR UPDATE;
+    END IF;
     -- The row lock and the re-check of finished_at and total make this once
-    -- per finish, whoever calls it at the same moment.
+    -- per finish. A batch row that another session holds is skipped: an
+    -- enqueue adds open rows, and a delete looks again before it commits.
     WITH candidate AS (
         SELECT b.batch FROM files.batches b
         WHERE (finish_batches.batches IS NULL OR b.batch = ANY (finish_batches.batches))
           AND b.finished_at IS NULL AND b.total > 0
           AND b.total = (SELECT coalesce(sum(c.done + c.failed + c.cancelled), 0)
                          FROM files.batch_counts c WHERE c.batch = b.batch)
-        ORDER BY b.batch FOR UPDATE
+        ORDER BY b.batch FOR UPDATE SKIP LOCKED
     ), finished AS (
         UPDATE files.batches b SET finished_at = now()
         FROM candidate c WHERE b.batch = c.batch
@@ -1490,8 +1517,9 @@ END
 $$;
 COMMENT ON FUNCTION files.finish_batches(text[]) IS
     'Sets finished_at of the given batches (NULL: every open batch) whose rows have all ended, and sends one files_batch '
-    'notification with the name of each. Called by files.tally as rows end, and by files.reap for batches whose last rows '
-    'ended in concurrent transactions (each of which saw the other''s rows still open).';
+    'notification with the name of each. Called by files.tally as rows end, after it locks the batches'' rows of '
+    'files.batch_end_locks until commit, so that the last of concurrent ends finishes the batch; and by files.reap for '
+    'what a transaction at REPEATABLE READ or SERIALIZABLE missed.';
 
 CREATE FUNCTION files.tally(queues text[], batches text[], was text[], became text[])
 RETURNS void
@@ -1642,10 +1670,11 @@ BEGIN
     WHERE b.batch = d.batch;
     PERFORM files.tally(NULL, batch_rows_deleted.batches, batch_rows_deleted.states,
                         array_fill('deleted'::text, ARRAY[cardinality(batch_rows_deleted.batches)]));
-    -- Deleting a batch's last open rows ends it.
+    -- A delete may end its batches: when it takes their last open rows, and
+    -- when their last open rows end meanwhile in a transaction that skipped
+    -- the batch's row this one holds.
     PERFORM files.finish_batches(array_agg(DISTINCT x.batch))
-    FROM unnest(batch_rows_deleted.batches, batch_rows_deleted.states) AS x(batch, state)
-    WHERE x.state IN ('pending', 'running');
+    FROM unnest(batch_rows_deleted.batches) AS x(batch);
 END
 $$;
 COMMENT ON FUNCTION files.batch_rows_deleted(text[], text[]) IS
