@@ -1493,7 +1493,7 @@ BEGIN
     -- commit of the previous holder, whose rows it therefore sees ended.
     IF finish_batches.batches IS NOT NULL THEN
         PERFORM 1 FROM files.batch_end_locks l
-        WHERE l.bucket IN (SELECT hashtext(b.batch) & 1023 FROM unnest(finish_batches.batches) AS b(batch))
+        WHERE l.bucket = ANY (ARRAY(SELECT hashtext(b.batch) & 1023 FROM unnest(finish_batches.batches) AS b(batch)))
         ORDER BY l.bucket FOR UPDATE;
     END IF;
     -- The row lock and the re-check of finished_at and total make this once
