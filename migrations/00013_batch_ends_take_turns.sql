@@ -19,7 +19,9 @@
 -- enqueue, a delete) finishes or reopens the batch itself.
 --
 -- files.reap still finishes what a transaction at REPEATABLE READ or
--- SERIALIZABLE misses (its snapshot is its first statement's).
+-- SERIALIZABLE misses (its snapshot is its first statement's), and a batch
+-- whose last end skipped its row while an admin held it (files.keep_batch)
+-- or an enqueue that then rolled back did.
 
 -- +goose Up
 CREATE TABLE files.batch_end_locks (
@@ -100,7 +102,21 @@ END
 $$;
 -- +goose StatementEnd
 
+COMMENT ON FUNCTION files.reap() IS
+    'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
+    '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
+    'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
+    'at once. Also finishes the batches whose last end went unmarked (in a transaction at REPEATABLE READ or '
+    'SERIALIZABLE, or while another session held the batch''s row: files.finish_batches) and folds the queues'' counts '
+    '(files.fold_counts). Returns the number of rows returned.';
+
 -- +goose Down
+COMMENT ON FUNCTION files.reap() IS
+    'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
+    '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
+    'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
+    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches) and '
+    'folds the queues'' counts (files.fold_counts). Returns the number of rows returned.';
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION files.batch_rows_deleted(batches text[], states text[])
 RETURNS void

@@ -2315,8 +2315,9 @@ COMMENT ON FUNCTION files.reap() IS
     'Declares slots silent past their lease timeout dead and returns rows whose lease expired to the queue '
     '(attempt outcome lost; failed once max_attempts is spent). Silence counts from the server''s start and from the end '
     'of the last silence of the whole fleet (a database or network outage) at the earliest. Safe to call from every node '
-    'at once. Also finishes the batches whose last rows ended in concurrent transactions (files.finish_batches) and '
-    'folds the queues'' counts (files.fold_counts). Returns the number of rows returned.';
+    'at once. Also finishes the batches whose last end went unmarked (in a transaction at REPEATABLE READ or '
+    'SERIALIZABLE, or while another session held the batch''s row: files.finish_batches) and folds the queues'' counts '
+    '(files.fold_counts). Returns the number of rows returned.';
 
 -- Operators: cancel, retry, pause and resume.
 
