@@ -172,6 +172,11 @@ exec cp -- "$1" "$2"
 		t.Fatalf("pgworker wait exited %d, want %d:\n%s", code, waitAllDone, waiter.LogTail(4000))
 	}
 	t.Logf("the data set ended %s after the first enqueue started", time.Since(start).Round(time.Millisecond))
+	// The last row's end marked the batch finished in its own transaction,
+	// also if other rows ended beside it: no reap was waited for.
+	if n := s.MustCount(`SELECT count(*) FROM files.batches WHERE batch = 'chain' AND finished_at IS NOT NULL`); n != 1 {
+		t.Errorf("batch chain has no finished_at once pgworker wait saw every row end")
+	}
 	wantEnd := fmt.Sprintf("batch chain ended: %d done, 0 failed, 0 cancelled of %d", 3*objects, 3*objects)
 	if !strings.Contains(waiter.LogText(), wantEnd) {
 		t.Errorf("pgworker wait said:\n%s\nwant %q", waiter.LogTail(4000), wantEnd)
