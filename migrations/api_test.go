@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -687,5 +688,63 @@ func TestStatsViews(t *testing.T) {
 	}
 	if fmt.Sprint(counts) != "map[cancelled:0 done:2 failed:1 pending:1 running:1]" {
 		t.Fatalf("queue_stats: %v", counts)
+	}
+}
+
+// files.attempt_outcomes tells a worker why a row its heartbeat no longer
+// shows is gone: cancelled by an operator, or lost when its lease ran out;
+// only with the slots' key, and nothing for an attempt still running.
+func TestAttemptOutcomes(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	mustExec(t, pool, "SELECT files.register_worker('o-live', key => $1)", testKey)
+	mustExec(t, pool, "SELECT files.register_worker('o-gone', lease_timeout => '1 second', key => $1)", testKey)
+	mustExec(t, pool, "INSERT INTO files.files (source) VALUES ('a'), ('b'), ('c')")
+	cancelled, lost, running := claimOne(t, pool, "o-live"), claimOne(t, pool, "o-gone"), claimOne(t, pool, "o-live")
+	mustExec(t, pool, "SELECT files.cancel($1)", cancelled.id)
+	mustExec(t, pool, "UPDATE files.workers SET last_heartbeat_at = now() - interval '1 minute' WHERE worker_id = 'o-gone'")
+	mustExec(t, pool, "UPDATE files.files SET lease_expires_at = now() - interval '1 second' WHERE id = $1", lost.id)
+	if n := queryInt(t, pool, "SELECT files.reap()"); n != 1 {
+		t.Fatalf("reap returned %d rows, want 1", n)
+	}
+
+	ids := []int64{cancelled.id, lost.id, running.id}
+	workers := []string{cancelled.worker, lost.worker, running.worker}
+	attempts := []int32{int32(cancelled.attempt), int32(lost.attempt), int32(running.attempt)}
+	rows, err := pool.Query(ctx, "SELECT file_id, outcome FROM files.attempt_outcomes($1, $2, $3, $4)", testKey, ids, workers, attempts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var outcome string
+		if err := rows.Scan(&id, &outcome); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = outcome
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[int64]string{cancelled.id: "cancelled", lost.id: "lost"}; !maps.Equal(got, want) {
+		t.Fatalf("outcomes %v, want %v", got, want)
+	}
+
+	for _, c := range []struct {
+		key      string
+		ids      []int64
+		workers  []string
+		attempts []int32
+		state    string
+	}{
+		{"another-key-0123456789", ids, workers, attempts, "42501"},
+		{testKey, ids, workers[:2], attempts, "22023"},
+	} {
+		_, err := pool.Exec(ctx, "SELECT * FROM files.attempt_outcomes($1, $2, $3, $4)", c.key, c.ids, c.workers, c.attempts)
+		if s := sqlState(err); s != c.state {
+			t.Errorf("key %q, %d ids, %d workers: SQLSTATE %q (%v), want %s", c.key, len(c.ids), len(c.workers), s, err, c.state)
+		}
 	}
 }

@@ -2144,6 +2144,38 @@ COMMENT ON FUNCTION files.heartbeat(text, text[]) IS
     'and returns the rows (worker_id, file_id, attempt) they still hold. A row missing from the answer was lost (or '
     'cancelled): stop working on it. A slot without that key is refused with an error.';
 
+-- Why a row the heartbeat no longer shows is gone: its attempt's history row,
+-- written by the cancel or the reap that took it.
+CREATE FUNCTION files.attempt_outcomes(key text, file_ids bigint[], worker_ids text[], attempts integer[])
+RETURNS TABLE (file_id bigint, attempt integer, outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(attempt_outcomes.file_ids) IS DISTINCT FROM cardinality(attempt_outcomes.worker_ids)
+       OR cardinality(attempt_outcomes.file_ids) IS DISTINCT FROM cardinality(attempt_outcomes.attempts) THEN
+        RAISE EXCEPTION 'files.attempt_outcomes: file_ids, worker_ids and attempts must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(attempt_outcomes.file_ids) > 10000 THEN
+        RAISE EXCEPTION 'files.attempt_outcomes: at most 10000 attempts (got %)', cardinality(attempt_outcomes.file_ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM files.own_slots('files.attempt_outcomes', attempt_outcomes.key,
+                            ARRAY(SELECT DISTINCT w FROM unnest(attempt_outcomes.worker_ids) AS w));
+    RETURN QUERY
+    SELECT a.file_id, a.attempt, a.outcome
+    FROM unnest(attempt_outcomes.file_ids, attempt_outcomes.worker_ids, attempt_outcomes.attempts) AS x(file_id, worker_id, attempt)
+    JOIN files.attempts a ON a.file_id = x.file_id AND a.attempt = x.attempt AND a.worker_id = x.worker_id
+    WHERE a.outcome IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION files.attempt_outcomes(text, bigint[], text[], integer[]) IS
+    'The recorded outcome (done, failed, lost, released, cancelled) of each named attempt (element i: file, slot, '
+    'attempt) of the caller''s slots, proven by their key; an attempt without one is left out. For a worker whose '
+    'heartbeat no longer shows a row: cancelled means an operator took it (files.cancel), lost that its lease expired.';
+
 CREATE FUNCTION files.drain_worker(key text, VARIADIC worker_ids text[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2838,6 +2870,7 @@ GRANT EXECUTE ON FUNCTION
     files.release(bigint, text, integer, text, text),
     files.register_worker(text, text, integer, integer, text, text[], interval, text),
     files.heartbeat(text, text[]),
+    files.attempt_outcomes(text, bigint[], text[], integer[]),
     files.drain_worker(text, text[]),
     files.deregister_worker(text, text),
     files.backlog(text[], integer),

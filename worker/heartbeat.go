@@ -38,8 +38,12 @@ type heartbeatRows interface {
 	WorkerIDs() []string
 	// reconcile applies the answer held of a heartbeat sent at sent to the
 	// running rows, leaves in held only the rows unknown here, and reports
-	// whether those may be suspected.
-	reconcile(held map[int64]heldRow, sent time.Time) bool
+	// whether those may be suspected. It returns the running rows missing
+	// from held that no cancellation hint explains.
+	reconcile(held map[int64]heldRow, sent time.Time) (missing []heldRow, suspect bool)
+	// gone stops the handlers of the rows missing from a heartbeat, as
+	// cancelled or lost by their attempts' outcomes (nil when unknown).
+	gone(missing []heldRow, outcomes map[int64]string)
 }
 
 // heldRow is one row of a heartbeat's answer.
@@ -121,8 +125,9 @@ func (h *heartbeater) run(ctx context.Context) {
 }
 
 // beat sends one heartbeat and reconciles its answer with the running rows:
-// a row missing from it was lost, a row held there but unknown here is an
-// orphan (a claim whose answer never arrived) and is released.
+// a row missing from it was cancelled or lost, as its attempt's outcome
+// says; a row held there but unknown here is an orphan (a claim whose answer
+// never arrived) and is released.
 func (h *heartbeater) beat(ctx context.Context) error {
 	sent := time.Now()
 	// A slow heartbeat is fine as long as it lands well within the lease.
@@ -139,10 +144,44 @@ func (h *heartbeater) beat(ctx context.Context) error {
 		return err
 	}
 	h.beats.Add(1)
-	if !h.rows.reconcile(held, sent) {
+	missing, suspect := h.rows.reconcile(held, sent)
+	if !suspect {
 		held = nil
 	}
+	if len(missing) > 0 {
+		outcomes, err := h.outcomes(qctx, missing)
+		if err != nil {
+			h.logger.Debug("worker: cannot read why rows are gone; stopping them as lost", "rows", len(missing), "error", err)
+		}
+		h.rows.gone(missing, outcomes)
+	}
 	return h.releaseOrphans(qctx, h.suspect(held))
+}
+
+// outcomes asks the database how the attempts of rows missing from a
+// heartbeat ended: files.cancel and files.reap record that in the
+// transaction that takes a row, so the answer is there by now, while the
+// cancellation's hint may still be on its way.
+func (h *heartbeater) outcomes(ctx context.Context, missing []heldRow) (map[int64]string, error) {
+	ids, workers, attempts := make([]int64, len(missing)), make([]string, len(missing)), make([]int32, len(missing))
+	for i, m := range missing {
+		ids[i], workers[i], attempts[i] = m.fileID, m.workerID, m.attempt
+	}
+	rows, err := h.pool.Query(ctx, sqlOutcomes, h.key, ids, workers, attempts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[int64]string, len(missing))
+	for rows.Next() {
+		var id int64
+		var outcome string
+		if err := rows.Scan(&id, &outcome); err != nil {
+			return nil, err
+		}
+		out[id] = outcome
+	}
+	return out, rows.Err()
 }
 
 // send sends one heartbeat and returns the rows it says are held, by id.
@@ -202,11 +241,12 @@ func (h *heartbeater) releaseOrphans(ctx context.Context, orphans []heldRow) err
 }
 
 // reconcile applies a heartbeat's answer, sent at sent, to the running rows:
-// a row missing from held was lost, or cancelled by an operator when a hint
-// named it. It leaves in held the rows unknown here, and reports false while
-// a claim is in flight: its rows may be held there and not yet delivered
-// here, however slow its answer, so nothing may be suspected then.
-func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) bool {
+// a row missing from held was cancelled by an operator when a hint named
+// it, and is returned among the missing ones otherwise, for gone to stop. It
+// leaves in held the rows unknown here, and reports false while a claim is in
+// flight: its rows may be held there and not yet delivered here, however
+// slow its answer, so nothing may be suspected then.
+func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) (missing []heldRow, suspect bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, t := range w.running {
@@ -228,20 +268,50 @@ func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) bool {
 		}
 		if hinted {
 			// Cancelled (or lost at the same moment): either way it is not ours.
-			t.gone = ErrCancelled
-			t.cancel(ErrCancelled)
-			w.cancelled.Add(1)
-			w.logger.Info("worker: row cancelled by an operator; stopping its handler", "file_id", id,
-				"worker_id", t.row.WorkerID)
+			w.stopRow(t, ErrCancelled)
 			continue
 		}
-		t.gone = ErrLeaseLost
-		t.cancel(ErrLeaseLost)
-		w.leaseLosses.Add(1)
-		w.logger.Warn("worker: lease lost; cancelling the handler and discarding its outcome",
-			"file_id", id, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
+		missing = append(missing, heldRow{workerID: t.row.WorkerID, fileID: id, attempt: int32(t.row.Attempt)})
 	}
-	return !w.claimer.InFlight()
+	return missing, !w.claimer.InFlight()
+}
+
+// gone stops the handlers of rows a heartbeat no longer showed, each as
+// cancelled when its attempt was (by outcomes, or by a hint that came
+// meanwhile) and as lost otherwise; a row whose handler returned meanwhile
+// is settled by its fenced call.
+func (w *Worker) gone(missing []heldRow, outcomes map[int64]string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range missing {
+		t := w.running[m.fileID]
+		if t == nil || t.row.WorkerID != m.workerID || t.row.Attempt != int(m.attempt) || t.finishing || t.gone != nil {
+			continue
+		}
+		if _, hinted := w.hinted[m.fileID]; hinted || outcomes[m.fileID] == "cancelled" {
+			delete(w.hinted, m.fileID)
+			w.stopRow(t, ErrCancelled)
+		} else {
+			w.stopRow(t, ErrLeaseLost)
+		}
+	}
+}
+
+// stopRow cancels the handler of t, a row no longer held by its attempt, with
+// why (ErrCancelled or ErrLeaseLost): its outcome will be discarded. Called
+// with w.mu held.
+func (w *Worker) stopRow(t *task, why error) {
+	t.gone = why
+	t.cancel(why)
+	if why == ErrCancelled {
+		w.cancelled.Add(1)
+		w.logger.Info("worker: row cancelled by an operator; stopping its handler", "file_id", t.row.ID,
+			"worker_id", t.row.WorkerID)
+		return
+	}
+	w.leaseLosses.Add(1)
+	w.logger.Warn("worker: lease lost; cancelling the handler and discarding its outcome",
+		"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 }
 
 // reapLoop runs files.reap every reap interval, with jitter so that a fleet

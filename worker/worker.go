@@ -7,8 +7,9 @@
 // records the outcome through the fenced SQL API, batching the outcomes of
 // many slots into one statement. One heartbeat statement per process and
 // interval keeps its slots alive and its leases extended; a row missing from
-// the heartbeat's answer was lost, and its handler's context is cancelled with
-// ErrLeaseLost. Every worker also runs files.reap on its own schedule. With
+// the heartbeat's answer was cancelled or lost, and its handler's context is
+// cancelled with ErrCancelled or ErrLeaseLost, as its attempt's recorded
+// outcome says (files.attempt_outcomes). Every worker also runs files.reap on its own schedule. With
 // MaxSlots above Slots the number of slots follows the backlog.
 //
 // Handlers report failures as errors: Permanent(err) fails the row without
@@ -67,6 +68,7 @@ const (
 	sqlDeregister  = `SELECT files.deregister_worker($1, $2)`
 	sqlDrain       = `SELECT files.drain_worker($1, VARIADIC $2::text[])`
 	sqlHeartbeat   = `SELECT worker_id, file_id, attempt FROM files.heartbeat($1, VARIADIC $2::text[])`
+	sqlOutcomes    = `SELECT file_id, outcome FROM files.attempt_outcomes($1, $2::bigint[], $3::text[], $4::integer[])`
 	sqlReap        = `SELECT files.reap()`
 	sqlPrune       = `SELECT coalesce(sum(rows) FILTER (WHERE queue IS NOT NULL), 0)::bigint FROM files.prune($1)`
 	sqlRelease     = `SELECT files.release($1::bigint, $2, $3::integer, $4, $5)`
@@ -944,8 +946,8 @@ func (w *Worker) cancelHandlers() {
 // onListen runs after each LISTEN. A cancellation sent while the listener
 // was away was lost with its message: with rows running, a heartbeat now
 // learns from the database which of them are still this worker's, and
-// stops the handlers of the others (as lost leases: the answer does not
-// say why a row is gone).
+// stops the handlers of the others (as cancelled or lost, as their
+// attempts ended: files.attempt_outcomes).
 func (w *Worker) onListen() {
 	w.mu.Lock()
 	busy := len(w.running) > 0
