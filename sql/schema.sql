@@ -2150,6 +2150,9 @@ CREATE FUNCTION files.attempt_outcomes(key text, file_ids bigint[], worker_ids t
 RETURNS TABLE (file_id bigint, attempt integer, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Planned at every call (a rare one), against the size files.attempts has
+-- then: a plan made while it held a few rows would scan it whole later.
+SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 BEGIN
