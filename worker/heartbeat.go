@@ -277,9 +277,9 @@ func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) (missing []he
 }
 
 // gone stops the handlers of rows a heartbeat no longer showed, each as
-// cancelled when its attempt was (by outcomes, or by a hint that came
-// meanwhile) and as lost otherwise; a row whose handler returned meanwhile
-// is settled by its fenced call.
+// cancelled when its attempt was (by outcomes, or, when outcomes does not
+// say, by a hint that came meanwhile) and as lost otherwise; a row whose
+// handler returned meanwhile is settled by its fenced call.
 func (w *Worker) gone(missing []heldRow, outcomes map[int64]string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -288,8 +288,12 @@ func (w *Worker) gone(missing []heldRow, outcomes map[int64]string) {
 		if t == nil || t.row.WorkerID != m.workerID || t.row.Attempt != int(m.attempt) || t.finishing || t.gone != nil {
 			continue
 		}
-		if _, hinted := w.hinted[m.fileID]; hinted || outcomes[m.fileID] == "cancelled" {
-			delete(w.hinted, m.fileID)
+		// The recorded outcome decides; a hint, which any role can send,
+		// only when the database could not be asked.
+		outcome, known := outcomes[m.fileID]
+		_, hinted := w.hinted[m.fileID]
+		delete(w.hinted, m.fileID)
+		if outcome == "cancelled" || !known && hinted {
 			w.stopRow(t, ErrCancelled)
 		} else {
 			w.stopRow(t, ErrLeaseLost)
