@@ -224,7 +224,7 @@ var (
 	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (safety net).")
 	descClaimsDeferred   = desc("claims_deferred_total", "Claims held back until --claim-cooldown ended, so that one claim took the rows announced meanwhile.")
 	descRecordsDeferred  = desc("outcome_records_deferred_total", "Outcome statements held back until --claim-cooldown ended, so that one statement recorded the outcomes that ended meanwhile.")
-	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process; their handlers were cancelled.")
+	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process after their lease ran out (an operator's cancel counts in rows_cancelled_total); their handlers were cancelled.")
 	descOrphans          = desc("orphans_released_total", "Rows held in the database but unknown to this process, released.")
 	descHeartbeats       = desc("heartbeats_total", "Heartbeat statements that succeeded.")
 	descHeartbeatErrors  = desc("heartbeat_errors_total", "Heartbeat statements that failed.")
