@@ -39,7 +39,7 @@ type heartbeatRows interface {
 	// reconcile applies the answer held of a heartbeat sent at sent to the
 	// running rows, leaves in held only the rows unknown here, and reports
 	// whether those may be suspected. It returns the running rows missing
-	// from held that no cancellation hint explains.
+	// from held.
 	reconcile(held map[int64]heldRow, sent time.Time) (missing []heldRow, suspect bool)
 	// gone stops the handlers of the rows missing from a heartbeat, as
 	// cancelled or lost by their attempts' outcomes (nil when unknown).
@@ -241,11 +241,10 @@ func (h *heartbeater) releaseOrphans(ctx context.Context, orphans []heldRow) err
 }
 
 // reconcile applies a heartbeat's answer, sent at sent, to the running rows:
-// a row missing from held was cancelled by an operator when a hint named
-// it, and is returned among the missing ones otherwise, for gone to stop. It
-// leaves in held the rows unknown here, and reports false while a claim is in
-// flight: its rows may be held there and not yet delivered here, however
-// slow its answer, so nothing may be suspected then.
+// the rows missing from held are returned, for gone to stop as cancelled or
+// lost. It leaves in held the rows unknown here, and reports false while a
+// claim is in flight: its rows may be held there and not yet delivered here,
+// however slow its answer, so nothing may be suspected then.
 func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) (missing []heldRow, suspect bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -253,22 +252,14 @@ func (w *Worker) reconcile(held map[int64]heldRow, sent time.Time) (missing []he
 		h, ok := held[id]
 		// Known here: another attempt of the row is settled by fencing.
 		delete(held, id)
-		at, hinted := w.hinted[id]
-		if hinted && at.Before(sent) {
-			delete(w.hinted, id) // this answer is the database's word on the hint
-		}
-		if ok && h.workerID == t.row.WorkerID && int(h.attempt) == t.row.Attempt {
-			continue
-		}
-		// A row whose claim answered after the heartbeat was sent may be
-		// missing legitimately, and one whose handler returned is settled by
-		// its fenced call.
-		if t.received.After(sent) || t.finishing || t.gone != nil {
-			continue
-		}
-		if hinted {
-			// Cancelled (or lost at the same moment): either way it is not ours.
-			w.stopRow(t, ErrCancelled)
+		// Still held; or, for a row whose claim answered after the heartbeat
+		// was sent, missing legitimately; or, for one whose handler returned,
+		// settled by its fenced call.
+		if ok && h.workerID == t.row.WorkerID && int(h.attempt) == t.row.Attempt ||
+			t.received.After(sent) || t.finishing || t.gone != nil {
+			if at, hinted := w.hinted[id]; hinted && at.Before(sent) {
+				delete(w.hinted, id) // this answer is the database's word on the hint
+			}
 			continue
 		}
 		missing = append(missing, heldRow{workerID: t.row.WorkerID, fileID: id, attempt: int32(t.row.Attempt)})
