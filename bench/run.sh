@@ -91,9 +91,9 @@ done
 # same rounds at the same rates: what the database itself costs a pickup and
 # a row. The pickup and River tuned's run in seven rounds: each one's runs
 # spread by more than the two differ, and the medians of three rounds can fall
-# either way (bench/other-measurements.md, seventeenth sitting). So do the
+# either way (bench/other-measurements.md, seventeenth study). So do the
 # CPU per row at 200 rows/s at River's trade and River's, for the same reason
-# (the sixteenth sitting).
+# (the sixteenth study).
 for round in 1 2 3 4 5 6 7; do
 	pgworker bench notify --rate 50 --duration 10s --json
 	pgworker bench latency --rows 500 --rate 50 --slots 100 --json
