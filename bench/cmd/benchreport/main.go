@@ -283,6 +283,24 @@ func spread(xs []float64) string {
 	return fmt.Sprintf("median %s of %s", thousands(median(xs)), span(xs))
 }
 
+// lowerIn says in how many rounds pgworker's figure was the lower, when the
+// two systems' runs pair up round by round (run.sh runs them in turn, in
+// the same order): "; pgworker lower in 5 of 7 rounds". A goal whose
+// medians differ by less than the runs spread can fall either way from one
+// report to the next; the count shows how often it does within one.
+func lowerIn(pg, other []float64) string {
+	if len(pg) != len(other) || len(pg) < 2 {
+		return ""
+	}
+	n := 0
+	for i := range pg {
+		if pg[i] < other[i] {
+			n++
+		}
+	}
+	return fmt.Sprintf("; pgworker lower in %d of %d rounds", n, len(pg))
+}
+
 // goal is one line of the goals table.
 type goal struct {
 	name, target, measured, verdict string
@@ -573,7 +591,7 @@ func (rp *report) latencyGoals() []goal {
 	if rt, _ := rp.latencyP50s("river", slots, tuned); len(rt) > 0 {
 		t := median(rt)
 		gs = append(gs, goal{"pickup p50 vs River tuned", "below River with a 1 ms fetch cooldown",
-			fmt.Sprintf("%.2f vs %.2f ms (medians of %d and %d runs)", p50, t, len(p50s), len(rt)),
+			fmt.Sprintf("%.2f vs %.2f ms (medians of %d and %d runs%s)", p50, t, len(p50s), len(rt), lowerIn(p50s, rt)),
 			verdict(p50 < t, fmt.Sprintf("%.2f ms above River's", p50-t))})
 	} else {
 		gs = append(gs, notMeasured("pickup p50 vs River tuned", "below River with a 1 ms fetch cooldown", "no tuned River latency run"))
@@ -700,7 +718,7 @@ func (rp *report) cpuGoals() []goal {
 				}
 			}
 			gs = append(gs, goal{name + " at River's trade, " + rp.cooldownName("cpu"), target,
-				fmt.Sprintf("%.3f vs %.3f ms: %.2fx (medians of %d and %d runs)", a, b, a/b, len(c), len(rv)),
+				fmt.Sprintf("%.3f vs %.3f ms: %.2fx (medians of %d and %d runs%s)", a, b, a/b, len(c), len(rv), lowerIn(c, rv)),
 				boundedVerdict(a <= b, bound, miss)})
 		}
 	}

@@ -329,3 +329,21 @@ func readSample(t *testing.T, results string) []result {
 	}
 	return rs
 }
+
+// Runs that pair up round by round are counted; runs that do not pair up
+// (a different number of each) are not.
+func TestLowerIn(t *testing.T) {
+	for _, c := range []struct {
+		pg, other []float64
+		want      string
+	}{
+		{[]float64{1.0, 1.2, 0.9}, []float64{1.1, 1.1, 1.0}, "; pgworker lower in 2 of 3 rounds"},
+		{[]float64{1.0, 1.0}, []float64{1.0, 0.9}, "; pgworker lower in 0 of 2 rounds"},
+		{[]float64{1.0, 1.2, 0.9}, []float64{1.1, 1.1}, ""},
+		{[]float64{1.0}, []float64{1.1}, ""},
+	} {
+		if got := lowerIn(c.pg, c.other); got != c.want {
+			t.Errorf("lowerIn(%v, %v) = %q, want %q", c.pg, c.other, got, c.want)
+		}
+	}
+}
