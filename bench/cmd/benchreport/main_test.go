@@ -347,3 +347,23 @@ func TestLowerIn(t *testing.T) {
 		}
 	}
 }
+
+// Burn-downs and bare loops run in turn say how many rounds reached 80% of
+// their own round's bare loop; the medians alone decide the verdict.
+func TestSkipLockedGoalCountsTheRounds(t *testing.T) {
+	t.Parallel()
+	const results = `{"mode":"throughput","system":"pgworker","rows":50000,"slots":2000,"rows_per_sec":8500}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"rows_per_sec":10000}
+{"mode":"throughput","system":"pgworker","rows":50000,"slots":2000,"rows_per_sec":7000}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"rows_per_sec":10000}
+{"mode":"throughput","system":"pgworker","rows":50000,"slots":2000,"rows_per_sec":7900}
+{"mode":"skiplocked","system":"pgworker","rows":50000,"clients":8,"batch":100,"rows_per_sec":9000}
+`
+	g := (&report{results: readSample(t, results), date: time.Now()}).skipLockedGoal()
+	if want := "7,900 vs 10,000 rows/s: 79% (medians of 3 and 3 runs; 80% of the same round's bare loop in 2 of 3 rounds)"; g.measured != want {
+		t.Errorf("measured %q, want %q", g.measured, want)
+	}
+	if want := "missed: 79%, 1 point short"; g.verdict != want {
+		t.Errorf("verdict %q, want %q", g.verdict, want)
+	}
+}
