@@ -181,9 +181,7 @@ func TestFairShareLetsASmallBatchThrough(t *testing.T) {
 	s.checkDoneOnce(len(big) + len(small))
 
 	// Rows of the large batch that ended between the small batch's enqueue
-	// and its last row's end. The batch's own finished_at can come later: when
-	// its last two rows end in concurrent transactions, neither sees the
-	// other's, and files.reap finishes the batch.
+	// and its last row's end: what the slots did, timed by the rows' own ends.
 	const smallRows = `(SELECT min(created_at) AS enqueued, max(finished_at) AS ended FROM files.files WHERE batch = 'small')`
 	between := s.MustCount(`SELECT count(*) FROM files.files f, ` + smallRows + ` s
 		WHERE f.batch = 'big' AND f.finished_at > s.enqueued AND f.finished_at <= s.ended`)

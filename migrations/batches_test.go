@@ -216,19 +216,11 @@ func TestBatchFinishesWhenItsLastRowsEndTogether(t *testing.T) {
 	mustExec(t, pool, "INSERT INTO files.files (source, batch) VALUES ('a', 'together'), ('b', 'together')")
 	first, second := claimOne(t, pool, "w-first"), claimOne(t, pool, "w-second")
 
-	tx1, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx1.Rollback(ctx)
+	tx1 := begin(t, pool)
 	if _, err := tx1.Exec(ctx, "SELECT files.complete($1, $2, $3, $4)", first.id, first.worker, first.attempt, first.token); err != nil {
 		t.Fatal(err)
 	}
-	tx2, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx2.Rollback(ctx)
+	tx2 := begin(t, pool)
 	pid1, pid2 := backendPid(t, tx1), backendPid(t, tx2)
 	ended := make(chan error, 1)
 	go func() {
@@ -269,20 +261,12 @@ func TestBatchEndDoesNotWaitForAnEnqueue(t *testing.T) {
 	mustExec(t, pool, "INSERT INTO files.files (source, batch) VALUES ('a', 'growing')")
 	h := claimOne(t, pool, "w-growing")
 
-	enqueue, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer enqueue.Rollback(ctx)
+	enqueue := begin(t, pool)
 	if _, err := enqueue.Exec(ctx, "INSERT INTO files.files (source, batch) VALUES ('b', 'growing')"); err != nil {
 		t.Fatal(err)
 	}
 	// Any wait for a lock fails the outcome instead of hanging the test.
-	end, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer end.Rollback(ctx)
+	end := begin(t, pool)
 	mustExec(t, end, "SET LOCAL lock_timeout = '5s'")
 	var completed bool
 	if err := end.QueryRow(ctx, "SELECT files.complete($1, $2, $3, $4)", h.id, h.worker, h.attempt, h.token).Scan(&completed); err != nil || !completed {
@@ -297,6 +281,18 @@ func TestBatchEndDoesNotWaitForAnEnqueue(t *testing.T) {
 	if p := batchProgress(t, pool, "growing"); p != (progress{Total: 2, Done: 1, Pending: 1}) {
 		t.Fatalf("after the end and the enqueue: %+v", p)
 	}
+}
+
+// begin opens a transaction on pool, rolled back at the test's end unless it
+// was committed.
+func begin(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
 }
 
 func backendPid(t *testing.T, tx pgx.Tx) int {

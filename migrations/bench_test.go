@@ -64,9 +64,7 @@ func BenchmarkBatchEnds(b *testing.B) {
 			b.ResetTimer()
 			var wg sync.WaitGroup
 			for p := range procs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					conn, err := pool.Acquire(ctx)
 					if err != nil {
 						b.Error(err)
@@ -84,7 +82,7 @@ func BenchmarkBatchEnds(b *testing.B) {
 							return
 						}
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			b.ReportMetric(float64(b.N*procs*slots)/b.Elapsed().Seconds(), "rows/s")

@@ -283,20 +283,29 @@ func spread(xs []float64) string {
 	return fmt.Sprintf("median %s of %s", thousands(median(xs)), span(xs))
 }
 
-// lowerIn says in how many rounds pgworker's figure was the lower, when the
-// two systems' runs pair up round by round (run.sh runs them in turn, in
-// the same order): "; pgworker lower in 5 of 7 rounds". A goal whose
+// inRounds counts the rounds in which ok holds of pgworker's figure and the
+// other side's, when their runs pair up round by round (run.sh runs them in
+// turn, in the same order); paired is false when they do not. A goal whose
 // medians differ by less than the runs' spread can fall either way from one
 // report to the next; the count shows how often it does within one.
-func lowerIn(pg, other []float64) string {
+func inRounds(pg, other []float64, ok func(pg, other float64) bool) (n int, paired bool) {
 	if len(pg) != len(other) || len(pg) < 2 {
-		return ""
+		return 0, false
 	}
-	n := 0
 	for i := range pg {
-		if pg[i] < other[i] {
+		if ok(pg[i], other[i]) {
 			n++
 		}
+	}
+	return n, true
+}
+
+// lowerIn says in how many rounds pgworker's figure was the lower: "; pgworker
+// lower in 5 of 7 rounds", or nothing when the runs do not pair up.
+func lowerIn(pg, other []float64) string {
+	n, paired := inRounds(pg, other, func(a, b float64) bool { return a < b })
+	if !paired {
+		return ""
 	}
 	return fmt.Sprintf("; pgworker lower in %d of %d rounds", n, len(pg))
 }
@@ -489,16 +498,9 @@ func (rp *report) skipLockedGoal() goal {
 		bound = fmt.Sprintf("the bare loop that writes the rows the guarantees keep moves %.0f%% of the bare loop's rows/s (median of %d runs)",
 			math.Floor(median(kept)/median(bare)*100), len(kept)) + why
 	}
-	// The two run in turn, round by round: how often one round's burn-down
-	// reached 80% of the same round's bare loop.
+	// How often one round's burn-down reached 80% of its own round's bare loop.
 	rounds := ""
-	if len(pg) == len(bare) && len(pg) > 1 {
-		n := 0
-		for i := range pg {
-			if pg[i] >= bare[i]*0.8 {
-				n++
-			}
-		}
+	if n, paired := inRounds(pg, bare, func(a, b float64) bool { return a >= b*0.8 }); paired {
 		rounds = fmt.Sprintf("; 80%% of the same round's bare loop in %d of %d rounds", n, len(pg))
 	}
 	return goal{name, target, fmt.Sprintf("%s vs %s rows/s: %.0f%% (medians of %d and %d runs%s)",
