@@ -260,23 +260,30 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		return nil, c.countErr(err)
 	}
 	defer rs.Close()
-	// At most one row per slot, each scanned in place into the rows of the
-	// last claim, which Run has delivered by value. The rows of a claim share
-	// its token and mostly their queue: one string for each, not one a row.
+	// At most one row per slot, appended to the rows of the last claim,
+	// which Run has delivered by value. The rows of a claim share its token
+	// and mostly their queue: one string for each, not one a row. Scan's
+	// arguments escape to the heap, so they are made once for the claim:
+	// each row is scanned into r, emptied first so that no row shares
+	// memory with the one before, and then appended.
 	out := c.scratch[:0]
-	var priority, attempt, maxAttempts int32
-	var queue, token pgtype.DriverBytes
-	var lastQueue, lastToken string
+	var (
+		r                              Row
+		priority, attempt, maxAttempts int32
+		queue, token                   pgtype.DriverBytes
+		lastQueue, lastToken           string
+	)
+	dest := []any{&r.ID, &queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
+		&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &token}
 	for rs.Next() {
-		out = append(out, Row{})
-		r := &out[len(out)-1]
-		if err := rs.Scan(&r.ID, &queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
-			&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &token); err != nil {
+		r = Row{}
+		if err := rs.Scan(dest...); err != nil {
 			return nil, c.countErr(fmt.Errorf("claim: scan row: %w", err))
 		}
 		r.Priority, r.Attempt, r.MaxAttempts = int(priority), int(attempt), int(maxAttempts)
 		lastQueue, lastToken = spelled(lastQueue, queue), spelled(lastToken, token)
 		r.Queue, r.Token = lastQueue, lastToken
+		out = append(out, r)
 	}
 	c.scratch = out
 	if err := rs.Err(); err != nil {

@@ -28,13 +28,14 @@ const (
 
 // outcome is what a handler's return asks the database to record.
 type outcome struct {
-	t         *task
-	kind      outcomeKind
-	result    *string // JSON, complete only
-	report    *string // JSON
-	message   string  // fail: the error; release: the reason
-	retryable bool
-	runAfter  time.Time // fail: when a row left pending runs again; zero when it failed for good
+	t          *task
+	kind       outcomeKind
+	result     *string // JSON, complete only
+	report     *string // JSON: nil, or reportText's address
+	reportText string
+	message    string // fail: the error; release: the reason
+	retryable  bool
+	runAfter   time.Time // fail: when a row left pending runs again; zero when it failed for good
 
 	ev         Event         // the row's end event, completed by finish
 	handedOver bool          // finish frees the slot's token and forgets the row
@@ -60,9 +61,11 @@ type report struct {
 // marshal encodes the report as files.complete and files.fail read it:
 // {"exit_code":N,"duration_ms":F,"stderr_tail":"...","output":{...}}, the
 // optional members left out when empty. It is on every row's path, so it
-// avoids the reflection of encoding/json but for the strings.
+// avoids the reflection of encoding/json but for the strings, and a report
+// of a few numbers is built on the stack: the string is its one allocation.
 func (r *report) marshal() string {
-	b := make([]byte, 0, 64+len(r.StderrTail)+len(r.Output))
+	var buf [96]byte
+	b := buf[:0]
 	b = append(b, '{')
 	if r.ExitCode != nil {
 		b = append(b, `"exit_code":`...)
@@ -420,9 +423,10 @@ func (r *recorder) completeMany(ctx context.Context, obs []*outcome) (map[int64]
 	}
 	defer rows.Close()
 	took := make(map[int64]bool, len(obs))
+	var id int64
+	dest := []any{&id} // one for the statement: Scan's arguments escape
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		took[id] = true
@@ -447,13 +451,14 @@ func (r *recorder) failMany(ctx context.Context, obs []*outcome) (map[int64]bool
 	for _, o := range obs {
 		byID[o.t.row.ID] = o
 	}
+	var (
+		id       int64
+		state    string
+		runAfter time.Time
+	)
+	dest := []any{&id, &state, &runAfter}
 	for rows.Next() {
-		var (
-			id       int64
-			state    string
-			runAfter time.Time
-		)
-		if err := rows.Scan(&id, &state, &runAfter); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		took[id] = true

@@ -60,8 +60,8 @@ func (w *Worker) decide(t *task, res *Result, err error, elapsed time.Duration, 
 		}
 	}
 	if o.kind != kindRelease {
-		s := rep.marshal()
-		o.report = &s
+		o.reportText = rep.marshal()
+		o.report = &o.reportText
 	}
 	return o
 }
