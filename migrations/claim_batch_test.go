@@ -111,17 +111,17 @@ func TestClaimBatchOfOneQueue(t *testing.T) {
 	}
 }
 
-// A usual claim's statement is timed as a whole: one slower than the bound
-// of files.pick hands the session's next claim to files.pick, which times
-// its whole-range search alone and keeps hints from there on when that is
-// slow too. A fast one leaves the session without hints.
+// A usual claim's statement counts the pages of files_claim_idx its search
+// read: as many as the bound of files.pick hand the session's next claim to
+// files.pick, which counts its whole-range search again and keeps hints from
+// there on when that is slow too. Fewer leave the session without hints.
 func TestClaimBatchSlowStatementHandsOffToPick(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	conn := plainConn(t, url)
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
 
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 999999999")
 	if got := claimBatchOn(t, conn, []string{"w1", "w2"}); len(got) != 2 {
 		t.Fatalf("claimed %d rows, want 2", len(got))
 	}
@@ -129,8 +129,8 @@ func TestClaimBatchSlowStatementHandsOffToPick(t *testing.T) {
 		t.Fatalf("hints %s after a fast claim, want none", h)
 	}
 
-	// No claim is faster than nothing: each is slow.
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
+	// Every search reads at least no page: with a bound of 0, each is slow.
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 0")
 	if got := claimBatchOn(t, conn, []string{"w1", "w2"}); len(got) != 2 {
 		t.Fatalf("claimed %d rows, want 2", len(got))
 	}
@@ -168,7 +168,7 @@ func testClaimBatchOneStatementPlan(t *testing.T, queues string) {
 	mustExec(t, conn, "ANALYZE files.files")
 	mustExec(t, conn, "SELECT files.register_worker('a:' || g, key => $1) FROM generate_series(1, 3) g", testKey)
 	startExplaining(t, conn)
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 999999999")
 	for i := range 7 {
 		rows, err := conn.Query(ctx, "/* test */ SELECT id FROM files.claim_batch(ARRAY['a:1', 'a:2', 'a:3'], "+queues+", $1)", testKey)
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 // behind that hint and prove each is still claimed: found by the
 // whole-range search that runs at least every 64th claim of a session, or
 // at once when the hinted search finds nothing. Their sessions keep hints
-// from the first claim on (pgworker.claim_hint_ms = 0: every search is
+// from the first claim on (pgworker.claim_hint_pages = 0: every search is
 // slow); TestClaimHintsStartWhenSearchIsSlow tests when hints start and
 // stop.
 
@@ -25,7 +25,7 @@ import (
 func hintConn(t *testing.T, url string) *pgx.Conn {
 	t.Helper()
 	conn := plainConn(t, url)
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 0")
 	return conn
 }
 
@@ -302,13 +302,13 @@ func TestClaimHintIgnoresForgedSettings(t *testing.T) {
 	t.Parallel()
 	conn := hintConn(t, pgtest.URL(t))
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 20) g")
-	for _, ms := range []string{"garbage", "-1", "1e400", "99999999999999", "0.5.5"} {
-		mustExec(t, conn, "SELECT set_config('pgworker.claim_hint_ms', $1, false)", ms)
+	for _, n := range []string{"garbage", "-1", "1e400", "99999999999999", "0.5", "1.5.5"} {
+		mustExec(t, conn, "SELECT set_config('pgworker.claim_hint_pages', $1, false)", n)
 		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
-			t.Fatalf("with pgworker.claim_hint_ms = %s: claimed %d rows, want 1", ms, len(got))
+			t.Fatalf("with pgworker.claim_hint_pages = %s: claimed %d rows, want 1", n, len(got))
 		}
 	}
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 0")
 	for _, v := range []string{
 		"garbage", "[]", `{"at": "x"}`, `{"at": 1e12, "n": 0, "q": []}`, `{"at": 1e12, "n": 0, "q": {"default": ["x", 1]}}`,
 		`{"at": 1e12, "n": 0, "q": {"default": [0, "y"]}}`, `{"at": 1e300, "n": 1e300, "q": {}}`,
@@ -321,19 +321,32 @@ func TestClaimHintIgnoresForgedSettings(t *testing.T) {
 }
 
 // TestClaimHintsStartWhenSearchIsSlow: a session searches whole ranges and
-// keeps no hints while those searches are fast; one that is slow starts
-// hints, and a fast whole-range search after that drops them. The slow
-// search is a real one: a transaction holds the xmin horizon while 50,000
-// rows leave the queue, so their index entries stay for the search to walk.
+// keeps no hints while those searches read few pages of files_claim_idx; one
+// that reads as many as the bound (pgworker.claim_hint_pages, 50 by default
+// and as much again per 100 rows asked for) starts hints, and a whole-range
+// search under the bound after that drops them. The pages are real ones: a
+// transaction holds the xmin horizon while 20,000 rows leave the queue, so
+// that their entries stay in the index, about 100 pages of them. Once it is
+// let go the searches skip those entries but still read their pages, and the
+// hints stay until vacuum clears them. The bound counts pages, not time, so
+// the test holds on a machine of any speed and load.
 func TestClaimHintsStartWhenSearchIsSlow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := pgtest.URL(t)
 	conn, holder := plainConn(t, url), plainConn(t, url)
+	mustExec(t, conn, "ALTER TABLE files.files SET (autovacuum_enabled = false)")
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+	// wholeSearch makes the session's next claim search whole ranges, as
+	// it does at least once a second.
+	wholeSearch := func() {
+		t.Helper()
+		if hints(t, conn) != "" {
+			mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', '{"at": 0, "n": 0, "q": {}}', false)`)
+		}
+	}
 
-	// Fast searches (no search is slower than a minute): no hints.
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	// Fast searches under the default bound: no hints.
 	for i := 0; i < 3; i++ {
 		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
 			t.Fatalf("claim %d: %d rows, want 1", i, len(got))
@@ -354,12 +367,16 @@ func TestClaimHintsStartWhenSearchIsSlow(t *testing.T) {
 	if err := tx.QueryRow(ctx, "SELECT count(*) FROM files.queues").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'dead' || g FROM generate_series(1, 50000) g")
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'dead' || g FROM generate_series(1, 20000) g")
 	mustExec(t, conn, "SELECT files.cancel(VARIADIC (SELECT array_agg(id) FROM files.files WHERE state = 'pending'))")
-	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'y' || g FROM generate_series(1, 3) g")
-	// 50,000 entries take several milliseconds to walk; the bound is a
-	// tenth of one, so that no machine is fast enough to pass under it.
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 0.1")
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'y' || g FROM generate_series(1, 6) g")
+	// About 100 pages: under a bound of 200 (202 for one row), no hints;
+	// over the default (50.5 for one row), slow.
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 200")
+	if got := claimOn(t, conn, "w1", 1); len(got) != 1 || hints(t, conn) != "" {
+		t.Fatalf("claim under the bound: %d rows, hints %q, want 1 and none", len(got), hints(t, conn))
+	}
+	mustExec(t, conn, "RESET pgworker.claim_hint_pages")
 	got := claimOn(t, conn, "w1", 1)
 	if len(got) != 1 {
 		t.Fatalf("claimed %d rows, want 1", len(got))
@@ -371,14 +388,26 @@ func TestClaimHintsStartWhenSearchIsSlow(t *testing.T) {
 		t.Fatalf("hinted claim: %d rows, hints %q", len(got), hints(t, conn))
 	}
 
-	// The next whole-range search (forced here by an old time) is fast
-	// under a bound of a minute: the hints go.
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
-	mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', '{"at": 0, "n": 0, "q": {}}', false)`)
+	// The snapshot let go, whole searches mark the entries dead and then
+	// skip them, but still read their pages: the hints stay.
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		wholeSearch()
+		if got := claimOn(t, conn, "w1", 1); len(got) != 1 || hints(t, conn) == "" {
+			t.Fatalf("whole search %d after the snapshot: %d rows, hints %q, want 1 and hints", i, len(got), hints(t, conn))
+		}
+	}
+
+	// Vacuum clears the pages: the next whole-range search reads few, and
+	// the hints go.
+	mustExec(t, conn, "VACUUM files.files")
+	wholeSearch()
 	if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
 		t.Fatalf("claimed %d rows, want 1", len(got))
 	}
 	if h := hints(t, conn); h != "" {
-		t.Fatalf("hints %s after a fast whole-range search, want none", h)
+		t.Fatalf("hints %s after a whole-range search of a vacuumed index, want none", h)
 	}
 }

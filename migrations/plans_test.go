@@ -28,8 +28,8 @@ func TestHotPathPlans(t *testing.T) {
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 5000) g")
 	mustExec(t, conn, "ANALYZE files.files")
 	jit := startExplaining(t, conn)
-	// Whole-range searches first (none is slower than a minute).
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
+	// Whole-range searches first: none reads 999,999,999 pages.
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 999999999")
 
 	// More than five times: PostgreSQL's own choice switches to a generic
 	// plan after five custom ones when it finds it as cheap.
@@ -37,7 +37,7 @@ func TestHotPathPlans(t *testing.T) {
 		if i == 3 {
 			// A slow search from here on: the fourth claim starts hints, the
 			// rest search from them (files.pick's other statement).
-			mustExec(t, conn, "SET pgworker.claim_hint_ms = 0")
+			mustExec(t, conn, "SET pgworker.claim_hint_pages = 0")
 		}
 		var id int64
 		var worker string
@@ -187,8 +187,8 @@ func TestHotPathPlansOnAGrownTable(t *testing.T) {
 	mustExec(t, conn, "INSERT INTO files.files (queue, source) SELECT 'q', 'x' || g FROM generate_series(1, 3) g")
 	mustExec(t, conn, "ANALYZE files.files")
 	mustExec(t, conn, "SELECT files.register_worker('g:' || g, key => $1) FROM generate_series(1, 6) g", testKey)
-	mustExec(t, conn, "SET pgworker.claim_hint_ms = 60000")
-	mustExec(t, hinted, "SET pgworker.claim_hint_ms = 0")
+	mustExec(t, conn, "SET pgworker.claim_hint_pages = 999999999")
+	mustExec(t, hinted, "SET pgworker.claim_hint_pages = 0")
 
 	take := func(c *pgx.Conn, sql string, args ...any) []held {
 		t.Helper()

@@ -641,10 +641,15 @@ COMMENT ON FUNCTION files.output_keys(jsonb) IS
 -- replica's hot_standby_feedback, or a stuck replication slot) pins the
 -- xmin horizon, the entries of claimed rows stay in the index, and a search
 -- from its start visits each of them: tens of milliseconds after a minute
--- at a thousand rows a second. A session whose whole-range search takes
--- longer than pgworker.claim_hint_ms (1 ms by default, and as much again
--- for every 100 rows asked for) starts keeping hints: per queue, where its
--- last claim ended, so that its next search starts there. A hint is never
+-- at a thousand rows a second. A session whose whole-range search reads
+-- pgworker.claim_hint_pages pages of the index or more (50 by default, and
+-- as much again for every 100 rows asked for) starts keeping hints: per
+-- queue, where its last claim ended, so that its next search starts there.
+-- The bound counts the search's work, not its time: on a machine whose
+-- cores are busy a clean search takes long too, and hints would cost it
+-- more than they save. Pages, not entries: after the snapshot is let go,
+-- the entries a search marked dead are skipped without being returned, but
+-- their pages are still read until vacuum clears them. A hint is never
 -- trusted to be a bound: rows behind it are found by the whole-range search
 -- that runs at least once a second and every 64th claim, and by any search
 -- whose rows past the hint fall short. When that whole-range search is fast
@@ -665,8 +670,8 @@ DECLARE
     v_hp      integer[];
     v_hid     bigint[];
     v_now     double precision := extract(epoch FROM clock_timestamp());
-    v_ms      text;
-    v_slow    double precision;
+    v_read    bigint;
+    v_bound   text;
     v_rows    bigint[];
     v_names   text[];
     v_prios   integer[];
@@ -703,7 +708,9 @@ BEGIN
     END IF;
     IF v_full THEN
         -- A whole-range search: per queue, in claim order, one range of
-        -- files_claim_idx from its start.
+        -- files_claim_idx from its start. The pages it reads are counted
+        -- by the server's statistics of this session.
+        v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass);
         SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
                array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
                array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
@@ -791,14 +798,15 @@ BEGIN
         FROM best b;
     END IF;
 
-    -- After a whole-range search, whether it was slow: longer than
-    -- pgworker.claim_hint_ms (a number of milliseconds; anything else is the
-    -- default, 1), and as much again for every 100 rows asked for.
+    -- After a whole-range search, whether it was slow: whether it read at
+    -- least pgworker.claim_hint_pages pages of files_claim_idx (a whole
+    -- number; anything else is the default, 50), and as much again for
+    -- every 100 rows asked for. A clean search reads a few: the way down
+    -- the tree and a leaf page of some 200 entries.
     IF v_full THEN
-        v_ms := current_setting('pgworker.claim_hint_ms', true);
-        v_slow := CASE WHEN v_ms ~ '^[0-9]{1,9}(\.[0-9]{1,9})?$' THEN v_ms::double precision ELSE 1 END
-                  * (1 + pick.n / 100.0) / 1000;
-        IF extract(epoch FROM clock_timestamp()) - v_now <= v_slow THEN
+        v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
+        v_bound := current_setting('pgworker.claim_hint_pages', true);
+        IF v_read < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * (1 + pick.n / 100.0) THEN
             -- Fast: no hints (or no more).
             IF v_setting <> '' THEN
                 v_set := set_config('pgworker.claim_hints', '', false);
@@ -829,7 +837,8 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'Locks (FOR UPDATE SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows of queues, at most '
     'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
     'and files.claim_batch for queues without fair share. It searches each queue''s whole range of files_claim_idx until '
-    'such a search takes longer than pgworker.claim_hint_ms (default 1 ms, and as much again per 100 rows of n); from then '
+    'such a search reads pgworker.claim_hint_pages pages of the index or more (default 50, and as much again per 100 rows '
+    'of n); from then '
     'on it starts each queue''s search past the last row this session took (setting pgworker.claim_hints), searches '
     'whole ranges at least once a second and every 64th claim, dropping the hints when one is fast, and reads the rows '
     'behind a hint whenever those past it fall short of n. So a row that becomes claimable behind a hint (a retry, '
@@ -1185,8 +1194,8 @@ DECLARE
     v_bad    text;
     v_key    bytea := sha256(convert_to(claim_batch.key, 'UTF8'));
     v_token  text := gen_random_uuid()::text;
-    v_start  timestamptz;
-    v_ms     text;
+    v_read   bigint;
+    v_bound  text;
     v_set    text;
     v_one    record;
     r        files.files;
@@ -1222,7 +1231,7 @@ BEGIN
     -- a list of queues built, ordered and unnested. Each node of a plan
     -- costs a cold server more than the work in it.
     IF coalesce(current_setting('pgworker.claim_hints', true), '') = '' THEN
-        v_start := clock_timestamp();
+        v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass);
         IF cardinality(claim_batch.queues) = 1 THEN
             FOR v_one IN
                 WITH slots AS (
@@ -1336,19 +1345,19 @@ BEGIN
             END LOOP;
         END IF;
         IF v_one.usual THEN
-            -- A statement slower than files.pick's bound (its search, the
-            -- slots' check and the update together) hands the session's next
-            -- claim to files.pick, which times its whole-range search alone
-            -- and keeps hints from then on if that is slow too. The clock
-            -- in timestamps and intervals, the setting parsed only when set:
-            -- the regular expression and the epoch's numeric cost a cold
-            -- server 0.01 ms.
-            v_ms := current_setting('pgworker.claim_hint_ms', true);
-            IF clock_timestamp() - v_start > interval '1 ms' * (1 + cardinality(claim_batch.worker_ids) / 100.0::double precision)
-                   * (CASE WHEN v_ms IS NULL OR v_ms = '' THEN 1
-                           WHEN v_ms ~ '^[0-9]{1,9}(\.[0-9]{1,9})?$' THEN v_ms::double precision ELSE 1 END) THEN
+            -- A search that read as many pages of files_claim_idx as
+            -- files.pick's bound (the statement's only reads of that index)
+            -- hands the session's next claim to files.pick, which counts its
+            -- whole-range search again and keeps hints from then on if that
+            -- is slow too. The setting is parsed only when set: the regular
+            -- expression costs a cold server 0.01 ms.
+            v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
+            v_bound := current_setting('pgworker.claim_hint_pages', true);
+            IF v_read >= (1 + cardinality(claim_batch.worker_ids) / 100.0)
+                   * (CASE WHEN v_bound IS NULL OR v_bound = '' THEN 50
+                           WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) THEN
                 v_set := set_config('pgworker.claim_hints', jsonb_build_object(
-                    'at', extract(epoch FROM v_start)::double precision, 'n', 63, 'q', '{}'::jsonb)::text, false);
+                    'at', extract(epoch FROM clock_timestamp())::double precision, 'n', 63, 'q', '{}'::jsonb)::text, false);
             END IF;
             RETURN;
         END IF;
