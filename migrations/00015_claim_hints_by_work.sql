@@ -167,7 +167,7 @@ BEGIN
     IF v_full THEN
         v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
         v_bound := current_setting('pgworker.claim_hint_pages', true);
-        IF v_read < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * (1 + pick.n / 100.0) THEN
+        IF v_read * 100 < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * (100 + pick.n) THEN
             -- Fast: no hints (or no more).
             IF v_setting <> '' THEN
                 v_set := set_config('pgworker.claim_hints', '', false);
@@ -396,7 +396,7 @@ BEGIN
             -- expression costs a cold server 0.01 ms.
             v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
             v_bound := current_setting('pgworker.claim_hint_pages', true);
-            IF v_read >= (1 + cardinality(claim_batch.worker_ids) / 100.0)
+            IF v_read * 100 >= (100 + cardinality(claim_batch.worker_ids))
                    * (CASE WHEN v_bound IS NULL OR v_bound = '' THEN 50
                            WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) THEN
                 v_set := set_config('pgworker.claim_hints', jsonb_build_object(
