@@ -8,8 +8,8 @@
 -- the next one to the three statements of files.pick, which lengthened the
 -- pickup's tail. The search now counts the pages of the index it read (the
 -- session's statistics of files_claim_idx, before and after it) against
--- pgworker.claim_hint_pages: 50 by default, and as much again for every 100
--- rows asked for. Pages rather than entries, because after the snapshot is
+-- pgworker.claim_hint_pages: 50 by default, and one more for every 100 rows
+-- asked for. Pages rather than entries, because after the snapshot is
 -- let go the entries marked dead are skipped without being returned while
 -- their pages are still read until vacuum clears them.
 -- pgworker.claim_hint_ms is no longer read.
@@ -161,13 +161,14 @@ BEGIN
 
     -- After a whole-range search, whether it was slow: whether it read at
     -- least pgworker.claim_hint_pages pages of files_claim_idx (a whole
-    -- number; anything else is the default, 50), and as much again for
-    -- every 100 rows asked for. A clean search reads a few: the way down
-    -- the tree and a leaf page of some 200 entries.
+    -- number; anything else is the default, 50), and one more for every
+    -- 100 rows asked for. A clean search reads a few: the way down the tree
+    -- and a leaf page for every 200 entries or so. Walking pages costs the
+    -- same whatever the claim asks for, and so does a hint.
     IF v_full THEN
         v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
         v_bound := current_setting('pgworker.claim_hint_pages', true);
-        IF v_read * 100 < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * (100 + pick.n) THEN
+        IF v_read * 100 < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * 100 + pick.n THEN
             -- Fast: no hints (or no more).
             IF v_setting <> '' THEN
                 v_set := set_config('pgworker.claim_hints', '', false);
@@ -199,8 +200,8 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'Locks (FOR UPDATE SKIP LOCKED) and returns, in claim order, the ids of up to n claimable rows of queues, at most '
     'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
     'and files.claim_batch for queues without fair share. It searches each queue''s whole range of files_claim_idx until '
-    'such a search reads pgworker.claim_hint_pages pages of the index or more (default 50, and as much again per 100 rows '
-    'of n); from then '
+    'such a search reads pgworker.claim_hint_pages pages of the index or more (default 50, and one more per 100 rows of '
+    'n); from then '
     'on it starts each queue''s search past the last row this session took (setting pgworker.claim_hints), searches '
     'whole ranges at least once a second and every 64th claim, dropping the hints when one is fast, and reads the rows '
     'behind a hint whenever those past it fall short of n. So a row that becomes claimable behind a hint (a retry, '
@@ -396,9 +397,9 @@ BEGIN
             -- expression costs a cold server 0.01 ms.
             v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
             v_bound := current_setting('pgworker.claim_hint_pages', true);
-            IF v_read * 100 >= (100 + cardinality(claim_batch.worker_ids))
-                   * (CASE WHEN v_bound IS NULL OR v_bound = '' THEN 50
-                           WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) THEN
+            IF v_read * 100 >= cardinality(claim_batch.worker_ids)
+                   + 100 * (CASE WHEN v_bound IS NULL OR v_bound = '' THEN 50
+                                 WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) THEN
                 v_set := set_config('pgworker.claim_hints', jsonb_build_object(
                     'at', extract(epoch FROM clock_timestamp())::double precision, 'n', 63, 'q', '{}'::jsonb)::text, false);
             END IF;

@@ -323,7 +323,7 @@ func TestClaimHintIgnoresForgedSettings(t *testing.T) {
 // TestClaimHintsStartWhenSearchIsSlow: a session searches whole ranges and
 // keeps no hints while those searches read few pages of files_claim_idx; one
 // that reads as many as the bound (pgworker.claim_hint_pages, 50 by default
-// and as much again per 100 rows asked for) starts hints, and a whole-range
+// and one more per 100 rows asked for) starts hints, and a whole-range
 // search under the bound after that drops them. The pages are real ones: a
 // transaction holds the xmin horizon while 20,000 rows leave the queue, so
 // that their entries stay in the index, about 100 pages of them. Once it is
@@ -370,8 +370,8 @@ func TestClaimHintsStartWhenSearchIsSlow(t *testing.T) {
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'dead' || g FROM generate_series(1, 20000) g")
 	mustExec(t, conn, "SELECT files.cancel(VARIADIC (SELECT array_agg(id) FROM files.files WHERE state = 'pending'))")
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'y' || g FROM generate_series(1, 6) g")
-	// About 100 pages: under a bound of 200 (202 for one row), no hints;
-	// over the default (50.5 for one row), slow.
+	// About 100 pages: under a bound of 200, no hints; over the default,
+	// 50, slow (one row asked for adds a hundredth of a page).
 	mustExec(t, conn, "SET pgworker.claim_hint_pages = 200")
 	if got := claimOn(t, conn, "w1", 1); len(got) != 1 || hints(t, conn) != "" {
 		t.Fatalf("claim under the bound: %d rows, hints %q, want 1 and none", len(got), hints(t, conn))
