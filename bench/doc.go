@@ -19,7 +19,8 @@
 //     pools optionally through a PgBouncer, and what the idle fleet costs.
 //   - Enqueue: rows per second through `pgworker enqueue`'s COPY path.
 //   - Pipeline: rows per second of the download-exec-upload pipeline
-//     through the queue, beside the same pipeline with no queue at all.
+//     through the queue, beside the same pipeline with no queue at all and
+//     through a bare SKIP LOCKED queue with no queue software.
 //   - LongTx: a producer and a worker through phases clean, idle-in-tx (a
 //     held REPEATABLE READ snapshot) and recovery.
 //   - Soak: a fixed rate for a long time, sampled over time.

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgworker/pgworker/backend"
 	"github.com/pgworker/pgworker/blob"
 	"github.com/pgworker/pgworker/pipeline"
@@ -23,6 +25,21 @@ import (
 // DefaultPipelineExec is PipelineConfig.Exec's default: the smallest backend
 // that reads its input and writes an output, with no shell in between.
 const DefaultPipelineExec = "cp {input} {output_dir}/out"
+
+// The statements of the pipeline's bare queue: the round's rows in the table
+// of SkipLocked, one row claimed at a time with FOR UPDATE SKIP LOCKED
+// (committed asynchronously, as pgworker's claims are) and completed in a
+// transaction of its own. The least any queue does around a row: it takes
+// the row so that no one else runs it, and records that it is done.
+const (
+	sqlPipeBareLoad  = `INSERT INTO ` + skipSchema + `.files (queue, source) SELECT $1, unnest($2::text[])`
+	sqlPipeBareClaim = `UPDATE ` + skipSchema + `.files f SET state = 'running', worker_id = $2, attempt = f.attempt + 1,
+    claimed_at = now(), lease_expires_at = now() + interval '15 seconds'
+WHERE f.id = (SELECT id FROM ` + skipSchema + `.files WHERE state = 'pending' AND queue = $1
+    ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+RETURNING f.id, f.source`
+)
 
 // PipelineConfig sizes a Pipeline run and names its stores. Input and
 // Output are required.
@@ -35,10 +52,10 @@ type PipelineConfig struct {
 	// ObjectSize is the size of each input object in bytes. Defaults to
 	// 4096.
 	ObjectSize int
-	// Rounds splits the rows: each round runs its share both ways, the
-	// order alternating (direct then queued, queued then direct, ...), so
-	// that a load on the machine that drifts during the run weighs on both
-	// alike. Defaults to 4.
+	// Rounds splits the rows: each round runs its share three ways, the
+	// order turning from round to round (direct, queued, bare; queued,
+	// bare, direct; ...), so that a load on the machine that drifts during
+	// the run weighs on all alike. Defaults to 4.
 	Rounds int
 	// Exec is the backend command line. Defaults to DefaultPipelineExec.
 	Exec string
@@ -62,12 +79,28 @@ type PipelineResult struct {
 	// resuming the queue to the last outcome recorded, summed over the
 	// rounds. Direct is the same pipeline.Handler called in a loop on
 	// synthetic jobs by as many goroutines as slots, with no database at all.
+	// Bare is the handler called by as many goroutines as slots, each on a
+	// connection of its own claiming one row at a time from a bare table and
+	// completing it (sqlPipeBareClaim): no queue software, but the claim and
+	// the completion any queue makes.
 	Queued Rate `json:"queued"`
 	Direct Rate `json:"direct"`
+	Bare   Rate `json:"bare"`
 	// OverheadRatio is Direct's rate over Queued's; OverheadPct is the time
 	// the queue adds, in percent of Direct's: (ratio - 1) × 100.
-	OverheadRatio float64 `json:"overhead_ratio"`
-	OverheadPct   float64 `json:"overhead_pct"`
+	// BareOverheadPct is the same for Bare.
+	OverheadRatio   float64 `json:"overhead_ratio"`
+	OverheadPct     float64 `json:"overhead_pct"`
+	BareOverheadPct float64 `json:"bare_overhead_pct"`
+	// RoundMS are each round's times, in the order of the rounds.
+	RoundMS PipelineRounds `json:"round_ms"`
+}
+
+// PipelineRounds are the times of a Pipeline run's rounds, three ways.
+type PipelineRounds struct {
+	Direct []float64 `json:"direct"`
+	Queued []float64 `json:"queued"`
+	Bare   []float64 `json:"bare"`
 }
 
 // Rate is the time of a burn-down and its rows per second.
@@ -77,11 +110,11 @@ type Rate struct {
 }
 
 // Pipeline uploads cfg.Rows objects of cfg.ObjectSize bytes to cfg.Input
-// (not timed) and runs the download-exec-upload pipeline on them twice with
-// cfg.Slots at once: as a plain loop that calls pipeline.Handler on
-// synthetic jobs, and through the queue and the worker runtime, in
-// cfg.Rounds alternating rounds. A warm-up loop on a few objects comes
-// first.
+// (not timed) and runs the download-exec-upload pipeline on them three times
+// with cfg.Slots at once: as a plain loop that calls pipeline.Handler on
+// synthetic jobs, through the queue and the worker runtime, and through the
+// bare queue of sqlPipeBareClaim, in cfg.Rounds rounds that take turns. A
+// warm-up loop on a few objects comes first.
 func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineResult, error) {
 	if cfg == nil || cfg.Input == nil || cfg.Output == nil {
 		return nil, errors.New("bench: PipelineConfig.Input and Output are required")
@@ -95,7 +128,7 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 		Rows: c.Rows, Slots: c.Slots, ObjectBytes: c.ObjectSize, Rounds: c.Rounds, Exec: c.Exec,
 		InputStore: c.Input.Location().String(), OutputStore: c.Output.Location().String(),
 	}
-	err = b.run(ctx, "pipeline", func(ctx context.Context) error {
+	err = b.run(ctx, "pipeline", func(ctx context.Context) (err error) {
 		res.Setup = b.setup("pipeline")
 		workDir, err := os.MkdirTemp("", "pgworker-bench-")
 		if err != nil {
@@ -114,19 +147,28 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 		if err := b.prepareInputs(ctx, c, h, keys); err != nil {
 			return err
 		}
+		drop, err := b.bareTable(ctx, false)
+		defer func() { err = errors.Join(err, drop()) }()
+		if err != nil {
+			return err
+		}
+		conns, err := b.clients(ctx, c.Slots)
+		defer closeAll(ctx, conns)
+		if err != nil {
+			return err
+		}
 		outcomes, stop, err := b.startPipelineWorker(ctx, c, h)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		d, q, err := b.pipelineRounds(ctx, c, h, outcomes, keys)
-		if err != nil {
+		if err := b.pipelineRounds(ctx, c, h, outcomes, conns, keys, &res.RoundMS); err != nil {
 			return err
 		}
 		if err := b.outcomes(ctx, c.Rows); err != nil {
 			return err
 		}
-		res.compare(d, q)
+		res.compare()
 		return nil
 	})
 	if err != nil {
@@ -201,43 +243,59 @@ func (b *Bench) startPipelineWorker(ctx context.Context, c PipelineConfig, h wor
 	}, nil
 }
 
-// pipelineRounds runs each round's share of keys both ways, the order
-// alternating from round to round, and returns the time spent without a
-// queue (d) and through it (q).
-func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.Handler, outcomes *outcomeCount, keys []string) (d, q time.Duration, err error) {
+// pipelineRounds runs each round's share of keys three ways, the order
+// turning from round to round, and records each way's time in rounds.
+func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.Handler, outcomes *outcomeCount,
+	conns []*pgx.Conn, keys []string, rounds *PipelineRounds) error {
 	for r := range c.Rounds {
 		part := keys[r*c.Rows/c.Rounds : (r+1)*c.Rows/c.Rounds]
-		for i := range 2 {
-			if (i+r)%2 == 0 {
+		for i := range 3 {
+			var (
+				t   time.Duration
+				err error
+			)
+			switch (i + r) % 3 {
+			case 0:
 				b.logger.Info("bench: pipeline without a queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-				t, err := direct(ctx, h, part, c.Slots, int64(2+r)<<40)
-				if err != nil {
-					return 0, 0, err
-				}
-				d += t
-			} else {
+				t, err = direct(ctx, h, part, c.Slots, int64(2+r)<<40)
+				rounds.Direct = append(rounds.Direct, ms(t))
+			case 1:
 				b.logger.Info("bench: pipeline through the queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-				t, err := b.queued(ctx, outcomes, part)
-				if err != nil {
-					return 0, 0, err
-				}
-				q += t
+				t, err = b.queued(ctx, outcomes, part)
+				rounds.Queued = append(rounds.Queued, ms(t))
+			case 2:
+				b.logger.Info("bench: pipeline through a bare queue", "round", r+1, "rows", len(part), "slots", c.Slots)
+				t, err = b.bare(ctx, h, conns, part, int64(2+r)<<44)
+				rounds.Bare = append(rounds.Bare, ms(t))
+			}
+			if err != nil {
+				return err
 			}
 		}
 	}
-	return d, q, nil
+	return nil
 }
 
-// compare records the rates of the rows without a queue (d) and through it
-// (q), and the overhead of the queue.
-func (res *PipelineResult) compare(d, q time.Duration) {
-	res.Direct, res.Queued = rate(res.Rows, d), rate(res.Rows, q)
+// compare records the rates of the rows without a queue, through it and
+// through the bare queue, and the overheads of the two queues.
+func (res *PipelineResult) compare() {
+	d, q, bare := sum(res.RoundMS.Direct), sum(res.RoundMS.Queued), sum(res.RoundMS.Bare)
+	res.Direct, res.Queued, res.Bare = rate(res.Rows, d), rate(res.Rows, q), rate(res.Rows, bare)
 	res.OverheadRatio = round(res.Direct.RowsPerSec/res.Queued.RowsPerSec, 3)
-	res.OverheadPct = round((q.Seconds()/d.Seconds()-1)*100, 1)
+	res.OverheadPct = round((q/d-1)*100, 1)
+	res.BareOverheadPct = round((bare/d-1)*100, 1)
 }
 
-func rate(rows int, d time.Duration) Rate {
-	return Rate{ElapsedMS: ms(d), RowsPerSec: round(float64(rows)/d.Seconds(), 1)}
+func sum(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+func rate(rows int, ms float64) Rate {
+	return Rate{ElapsedMS: round(ms, 3), RowsPerSec: round(float64(rows)/ms*1000, 1)}
 }
 
 // queued loads a row for each key into the paused queue, resumes it, waits
@@ -259,6 +317,56 @@ func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []strin
 	}
 	if _, err := b.pool.Exec(ctx, sqlPause, Queue); err != nil {
 		return 0, fmt.Errorf("bench: pause queue %s: %w", Queue, err)
+	}
+	return elapsed, nil
+}
+
+// bare loads a row for each key into the bare table and runs h on them
+// through it: each connection claims one row (sqlPipeBareClaim), calls h on
+// a synthetic job for it, and completes it (sqlSkipComplete), until a claim
+// finds nothing. It times the run from the first claim to the last
+// completion. Job ids are the table's ids plus base, clear of the others'.
+func (b *Bench) bare(ctx context.Context, h worker.Handler, conns []*pgx.Conn, keys []string, base int64) (time.Duration, error) {
+	if _, err := b.pool.Exec(ctx, sqlPipeBareLoad, Queue, keys); err != nil {
+		return 0, fmt.Errorf("bench: load the bare queue: %w", err)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error {
+		workerID := workerPrefix + pid + ":bare:" + strconv.Itoa(i)
+		for {
+			var (
+				id     int64
+				source string
+			)
+			err := conn.QueryRow(ctx, sqlPipeBareClaim, Queue, workerID).Scan(&id, &source)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("bench: bare claim: %w", err)
+			}
+			now := time.Now()
+			job := &worker.Job{
+				ID: base + id, Queue: Queue, Source: source, Payload: []byte("{}"),
+				Attempt: 1, MaxAttempts: 1, WorkerID: workerID, CreatedAt: now, ClaimedAt: now,
+			}
+			if _, err := h.Handle(ctx, job); err != nil {
+				return fmt.Errorf("bench: pipeline on %s: %w", source, err)
+			}
+			if _, err := conn.Exec(ctx, sqlSkipComplete, []int64{id}); err != nil {
+				return fmt.Errorf("bench: bare completion: %w", err)
+			}
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	var left int64
+	if err := b.pool.QueryRow(ctx, sqlSkipPending).Scan(&left); err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
+	}
+	if left != 0 {
+		return 0, fmt.Errorf("bench: %d rows of the bare queue were not done", left)
 	}
 	return elapsed, nil
 }

@@ -47,7 +47,8 @@ setup (--json: one JSON object on one line).
   views        every operator view and function (status, scale-hint, the
                metrics endpoint, the dashboard) on a long history
   pipeline     rows/s of download, program, upload through MinIO or S3,
-               beside the same steps in a loop with no queue at all
+               beside the same steps in a loop with no queue at all and
+               through a bare SKIP LOCKED queue
   long-tx      a producer at a fixed rate (or keeping a depth) and a worker,
                through phases clean, idle-in-tx (a held REPEATABLE READ
                snapshot) and recovery: rows/s, pickup, depth, dead tuples
@@ -266,14 +267,19 @@ JSON: queries (name, p50_ms, p99_ms, ...), seed_s.`,
 		help: `
 Uploads --rows objects of --size bytes under a prefix of its own in the input
 store (not timed), then runs the pipeline of pgworker run (download, run
---exec, upload the outputs) on them twice with --slots at once: as a loop that
-calls the pipeline on synthetic jobs with no queue at all, and through the
-queue and the worker runtime. The rows are split into --rounds, each run both
-ways in alternating order, so that a load on the machine that changes during
-the run weighs on both alike; a warm-up loop comes first. The objects and
-outputs are deleted at the end (a file:// store keeps the emptied
-directories). JSON: queued and direct (rows_per_sec, elapsed_ms),
-overhead_ratio (direct rate over queued rate) and overhead_pct.
+--exec, upload the outputs) on them three times with --slots at once: as a
+loop that calls the pipeline on synthetic jobs with no queue at all (direct),
+through the queue and the worker runtime (queued), and through a bare queue
+(bare): as many connections as slots, each claiming one row of a scratch table
+of files.files' shape with FOR UPDATE SKIP LOCKED, running it and completing
+it, which is the least any queue does around a row. The rows are split into
+--rounds, each run all three ways in an order that turns from round to round,
+so that a load on the machine that changes during the run weighs on all alike;
+a warm-up loop comes first. The objects, outputs and scratch table are deleted
+at the end (a file:// store keeps the emptied directories). JSON: queued,
+direct and bare (rows_per_sec, elapsed_ms), overhead_ratio (direct rate over
+queued rate), overhead_pct and bare_overhead_pct (the queues' time over
+direct's, in percent), and round_ms (each round's times, three ways).
 
 The S3 endpoint and credentials come from PGWORKER_S3_ENDPOINT,
 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, as for pgworker run. There is no
@@ -798,8 +804,9 @@ func benchText(res any) string {
 			p.RowsPerSec, p.Pickup.P50MS, p.Pickup.P99MS, p.DepthEnd, p.DepthMax, p.End.DeadTuples, mib(p.End.TableBytes),
 			mib(p.End.IndexBytes), len(r.Samples), r.PruneCalls)
 	case *bench.PipelineResult:
-		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: overhead %.1f%%",
-			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct)
+		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: "+
+			"overhead %.1f%%; through a bare queue %.0f rows/s: overhead %.1f%%",
+			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct, r.Bare.RowsPerSec, r.BareOverheadPct)
 	}
 	return fmt.Sprint(res)
 }

@@ -367,3 +367,42 @@ func TestSkipLockedGoalCountsTheRounds(t *testing.T) {
 		t.Errorf("verdict %q, want %q", g.verdict, want)
 	}
 }
+
+// The pipeline's overhead is bounded only when the bare queue of the same
+// run misses the target too; a run from before the bare queue is judged on
+// its own figure.
+func TestPipelineGoalBesideTheBareQueue(t *testing.T) {
+	t.Parallel()
+	line := func(over, bare string) string {
+		s := `{"mode":"pipeline","system":"pgworker","rows":900,"slots":8,"rounds":3,"exec":"cp","overhead_pct":` + over +
+			`,"queued":{"rows_per_sec":100},"direct":{"rows_per_sec":110}`
+		if bare != "" {
+			s += `,"bare_overhead_pct":` + bare + `,"bare":{"rows_per_sec":104},` +
+				`"round_ms":{"direct":[100,100,100],"queued":[112,109,111],"bare":[110,111,104]}`
+		}
+		return s + "}\n"
+	}
+	for _, tc := range []struct{ over, bare, verdict string }{
+		{"8.5", "6.0", "met"},
+		{"13.5", "6.0", "missed: 3.5 points over 10%"},
+		{"13.5", "11.2", "bounded: the bare queue (one SKIP LOCKED claim and one completion a row, no queue software) adds 11.2% to the same pipeline in the same run"},
+		{"13.5", "", "missed: 3.5 points over 10%"},
+	} {
+		rp := &report{results: readSample(t, line(tc.over, tc.bare)), date: time.Now()}
+		g := rp.pipelineGoal()
+		if g.verdict != tc.verdict {
+			t.Errorf("overhead %s, bare %q: verdict %q, want %q", tc.over, tc.bare, g.verdict, tc.verdict)
+		}
+		if tc.bare == "" {
+			continue
+		}
+		if want := "; pgworker lower in 1 of 3 rounds"; !strings.Contains(g.measured, want) {
+			t.Errorf("measured %q lacks %q", g.measured, want)
+		}
+		var b bytes.Buffer
+		render(&b, rp)
+		if want := "Each round's overheads (queued / bare): 12.0% / 10.0%, 9.0% / 11.0%, 11.0% / 4.0%."; !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+}
