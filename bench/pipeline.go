@@ -294,8 +294,8 @@ func sum(xs []float64) float64 {
 	return s
 }
 
-func rate(rows int, ms float64) Rate {
-	return Rate{ElapsedMS: round(ms, 3), RowsPerSec: round(float64(rows)/ms*1000, 1)}
+func rate(rows int, elapsedMS float64) Rate {
+	return Rate{ElapsedMS: round(elapsedMS, 3), RowsPerSec: round(float64(rows)/elapsedMS*1000, 1)}
 }
 
 // queued loads a row for each key into the paused queue, resumes it, waits
@@ -345,13 +345,8 @@ func (b *Bench) bare(ctx context.Context, h worker.Handler, conns []*pgx.Conn, k
 			if err != nil {
 				return fmt.Errorf("bench: bare claim: %w", err)
 			}
-			now := time.Now()
-			job := &worker.Job{
-				ID: base + id, Queue: Queue, Source: source, Payload: []byte("{}"),
-				Attempt: 1, MaxAttempts: 1, WorkerID: workerID, CreatedAt: now, ClaimedAt: now,
-			}
-			if _, err := h.Handle(ctx, job); err != nil {
-				return fmt.Errorf("bench: pipeline on %s: %w", source, err)
+			if err := handleSynthetic(ctx, h, base+id, source, workerID, time.Now()); err != nil {
+				return err
 			}
 			if _, err := conn.Exec(ctx, sqlSkipComplete, []int64{id}); err != nil {
 				return fmt.Errorf("bench: bare completion: %w", err)
@@ -361,14 +356,20 @@ func (b *Bench) bare(ctx context.Context, h worker.Handler, conns []*pgx.Conn, k
 	if err != nil {
 		return 0, err
 	}
-	var left int64
-	if err := b.pool.QueryRow(ctx, sqlSkipPending).Scan(&left); err != nil {
-		return 0, fmt.Errorf("bench: %w", err)
+	return elapsed, b.bareDone(ctx)
+}
+
+// handleSynthetic calls h on a job made up for source, as a claim would
+// have handed it to a slot.
+func handleSynthetic(ctx context.Context, h worker.Handler, id int64, source, workerID string, created time.Time) error {
+	job := &worker.Job{
+		ID: id, Queue: Queue, Source: source, Payload: []byte("{}"),
+		Attempt: 1, MaxAttempts: 1, WorkerID: workerID, CreatedAt: created, ClaimedAt: time.Now(),
 	}
-	if left != 0 {
-		return 0, fmt.Errorf("bench: %d rows of the bare queue were not done", left)
+	if _, err := h.Handle(ctx, job); err != nil {
+		return fmt.Errorf("bench: pipeline on %s: %w", source, err)
 	}
-	return elapsed, nil
+	return nil
 }
 
 // direct calls h on a synthetic job per key, slots at a time, with no queue.
@@ -383,14 +384,10 @@ func direct(ctx context.Context, h worker.Handler, keys []string, slots int, fir
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			workerID := workerPrefix + pid + ":direct:" + strconv.Itoa(s)
 			for i := range jobs {
-				job := &worker.Job{
-					ID: firstID + int64(i), Queue: Queue, Source: keys[i], Payload: []byte("{}"),
-					Attempt: 1, MaxAttempts: 1, WorkerID: workerPrefix + pid + ":direct:" + strconv.Itoa(s),
-					CreatedAt: t0, ClaimedAt: time.Now(),
-				}
-				if _, err := h.Handle(ctx, job); err != nil {
-					errs <- fmt.Errorf("bench: pipeline on %s: %w", keys[i], err)
+				if err := handleSynthetic(ctx, h, firstID+int64(i), keys[i], workerID, t0); err != nil {
+					errs <- err
 					return
 				}
 			}

@@ -174,12 +174,8 @@ func (b *Bench) SkipLocked(ctx context.Context, cfg *SkipLockedConfig) (*SkipLoc
 			return err
 		}
 		res.ServerCPUMSPerRow, res.ClientCPUMSPerRow = cpu.perRow(c.Rows)
-		var left int64
-		if err := b.pool.QueryRow(ctx, sqlSkipPending).Scan(&left); err != nil {
-			return fmt.Errorf("bench: %w", err)
-		}
-		if left != 0 {
-			return fmt.Errorf("bench: %d rows were not done", left)
+		if err := b.bareDone(ctx); err != nil {
+			return err
 		}
 		res.ElapsedMS = ms(elapsed)
 		res.RowsPerSec = round(float64(c.Rows)/elapsed.Seconds(), 1)
@@ -214,6 +210,18 @@ func (b *Bench) bareTable(ctx context.Context, bookkeeping bool) (drop func() er
 		}
 	}
 	return drop, nil
+}
+
+// bareDone returns an error unless every row of the bare table is done.
+func (b *Bench) bareDone(ctx context.Context) error {
+	var left int64
+	if err := b.pool.QueryRow(ctx, sqlSkipPending).Scan(&left); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if left != 0 {
+		return fmt.Errorf("bench: %d rows were not done", left)
+	}
+	return nil
 }
 
 // apiLoops is SkipLocked through the SQL API: cfg.Rows rows of Queue in
