@@ -425,6 +425,13 @@ func TestPipeline(t *testing.T) {
 			t.Errorf("round times %v, want 3", ms)
 		}
 	}
+	// Each way's CPU: the handlers' transfers in this process, the program in
+	// its children.
+	cpu, _ := m["cpu_ms_per_row"].(map[string]any)
+	for _, k := range []string{"direct", "queued", "bare"} {
+		w, _ := cpu[k].(map[string]any)
+		positive(t, w, "process", "program")
+	}
 	if res.Exec != bench.DefaultPipelineExec || res.InputStore != "s3://"+bucket+"/in/" {
 		t.Errorf("exec %q, input store %q", res.Exec, res.InputStore)
 	}

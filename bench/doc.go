@@ -20,7 +20,8 @@
 //   - Enqueue: rows per second through `pgworker enqueue`'s COPY path.
 //   - Pipeline: rows per second of the download-exec-upload pipeline
 //     through the queue, beside the same pipeline with no queue at all and
-//     through a bare SKIP LOCKED queue with no queue software.
+//     through a bare SKIP LOCKED queue with no queue software, and each
+//     way's CPU time a row by process.
 //   - LongTx: a producer and a worker through phases clean, idle-in-tx (a
 //     held REPEATABLE READ snapshot) and recovery.
 //   - Soak: a fixed rate for a long time, sampled over time.

@@ -76,3 +76,32 @@ func TestPayloadOf(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUTimesLeaveOutUnread: a time that either reading could not read adds
+// nothing, and the others still add.
+func TestCPUTimesLeaveOutUnread(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	var sum cpuTimes
+	sum.add(cpuTimes{server: 10 * ms, process: 5 * ms, program: 0, machine: 100 * ms, idle: 20 * ms},
+		cpuTimes{server: 30 * ms, process: 9 * ms, program: 4 * ms, machine: 150 * ms, idle: 30 * ms})
+	// The server read before and lost after, /proc/stat the other way round.
+	sum.add(cpuTimes{server: 30 * ms, process: 9 * ms, program: 4 * ms, machine: unread, idle: unread},
+		cpuTimes{server: unread, process: 10 * ms, program: 6 * ms, machine: 190 * ms, idle: 35 * ms})
+	want := cpuTimes{server: 20 * ms, process: 5 * ms, program: 6 * ms, machine: 50 * ms, idle: 10 * ms}
+	if sum != want {
+		t.Errorf("sum %+v, want %+v", sum, want)
+	}
+	if got := sum.perRow(4); got != (PipelineCPU{Server: 5, Process: 1.25, Program: 1.5, Machine: 12.5, Idle: 2.5}) {
+		t.Errorf("per row %+v", got)
+	}
+}
+
+// TestMachineCPU: /proc/stat's busy and idle times grow.
+func TestMachineCPU(t *testing.T) {
+	t.Parallel()
+	busy, idle, ok := machineCPU()
+	if !ok || busy <= 0 || idle < 0 {
+		t.Fatalf("machineCPU() = %v, %v, %v", busy, idle, ok)
+	}
+}

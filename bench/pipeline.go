@@ -94,6 +94,36 @@ type PipelineResult struct {
 	BareOverheadPct float64 `json:"bare_overhead_pct"`
 	// RoundMS are each round's times, in the order of the rounds.
 	RoundMS PipelineRounds `json:"round_ms"`
+	// CPU is each way's CPU time a row, by process, and the machine's.
+	CPU PipelineCPUs `json:"cpu_ms_per_row"`
+}
+
+// PipelineCPUs are the CPU times a row of a Pipeline run's three ways.
+type PipelineCPUs struct {
+	Direct PipelineCPU `json:"direct"`
+	Queued PipelineCPU `json:"queued"`
+	Bare   PipelineCPU `json:"bare"`
+}
+
+// PipelineCPU is the CPU time of one way of a Pipeline run, in milliseconds
+// a row, summed over its rounds, each from the load of its rows to its last
+// outcome. On two cores the handlers, the object store and the database
+// share the machine, and what one way adds to the CPU a row is time the
+// handlers wait for.
+type PipelineCPU struct {
+	// Server is the PostgreSQL server's processes; 0 when the server is not
+	// on this machine.
+	Server float64 `json:"server"`
+	// Process is the benchmark's own process: the handlers' downloads and
+	// uploads, and in the queued way the worker runtime beside them.
+	Process float64 `json:"process"`
+	// Program is the backend program's processes.
+	Program float64 `json:"program"`
+	// Machine is all of the machine's CPUs busy, the object store and the
+	// kernel's threads included, and Idle their time idle; both 0 where
+	// /proc/stat cannot be read.
+	Machine float64 `json:"machine"`
+	Idle    float64 `json:"idle"`
 }
 
 // PipelineRounds are the times of a Pipeline run's rounds, three ways.
@@ -162,13 +192,16 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 			return err
 		}
 		defer stop()
-		if err := b.pipelineRounds(ctx, c, h, outcomes, conns, keys, &res.RoundMS); err != nil {
+		cpu := &pipelineCPU{}
+		cpu.server, _ = b.localServer(ctx)
+		if err := b.pipelineRounds(ctx, c, h, outcomes, conns, keys, &res.RoundMS, cpu); err != nil {
 			return err
 		}
 		if err := b.outcomes(ctx, c.Rows); err != nil {
 			return err
 		}
 		res.compare()
+		res.CPU = PipelineCPUs{Direct: cpu.direct.perRow(c.Rows), Queued: cpu.queued.perRow(c.Rows), Bare: cpu.bare.perRow(c.Rows)}
 		return nil
 	})
 	if err != nil {
@@ -244,9 +277,10 @@ func (b *Bench) startPipelineWorker(ctx context.Context, c PipelineConfig, h wor
 }
 
 // pipelineRounds runs each round's share of keys three ways, the order
-// turning from round to round, and records each way's time in rounds.
+// turning from round to round, and records each way's time in rounds and
+// its CPU time in cpu.
 func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.Handler, outcomes *outcomeCount,
-	conns []*pgx.Conn, keys []string, rounds *PipelineRounds) error {
+	conns []*pgx.Conn, keys []string, rounds *PipelineRounds, cpu *pipelineCPU) error {
 	for r := range c.Rounds {
 		part := keys[r*c.Rows/c.Rounds : (r+1)*c.Rows/c.Rounds]
 		for i := range 3 {
@@ -254,19 +288,23 @@ func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.H
 				t   time.Duration
 				err error
 			)
+			before := cpu.read()
 			switch (i + r) % 3 {
 			case 0:
 				b.logger.Info("bench: pipeline without a queue", "round", r+1, "rows", len(part), "slots", c.Slots)
 				t, err = direct(ctx, h, part, c.Slots, int64(2+r)<<40)
 				rounds.Direct = append(rounds.Direct, ms(t))
+				cpu.direct.add(before, cpu.read())
 			case 1:
 				b.logger.Info("bench: pipeline through the queue", "round", r+1, "rows", len(part), "slots", c.Slots)
 				t, err = b.queued(ctx, outcomes, part)
 				rounds.Queued = append(rounds.Queued, ms(t))
+				cpu.queued.add(before, cpu.read())
 			case 2:
 				b.logger.Info("bench: pipeline through a bare queue", "round", r+1, "rows", len(part), "slots", c.Slots)
 				t, err = b.bare(ctx, h, conns, part, int64(2+r)<<44)
 				rounds.Bare = append(rounds.Bare, ms(t))
+				cpu.bare.add(before, cpu.read())
 			}
 			if err != nil {
 				return err
@@ -274,6 +312,56 @@ func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.H
 		}
 	}
 	return nil
+}
+
+// pipelineCPU sums the CPU times of a Pipeline run's three ways.
+type pipelineCPU struct {
+	server               *serverCPU // nil when the server is not on this machine
+	direct, queued, bare cpuTimes
+}
+
+// cpuTimes are CPU times as PipelineCPU names them.
+type cpuTimes struct {
+	server, process, program, machine, idle time.Duration
+}
+
+// unread marks a time in a reading of cpuTimes whose source could not be read.
+const unread time.Duration = -1
+
+// read takes the CPU times so far.
+func (p *pipelineCPU) read() cpuTimes {
+	t := cpuTimes{server: unread, process: selfCPU(), program: childrenCPU()}
+	if p.server != nil {
+		if s, err := p.server.total(); err == nil {
+			t.server = s
+		}
+	}
+	var ok bool
+	if t.machine, t.idle, ok = machineCPU(); !ok {
+		t.machine, t.idle = unread, unread
+	}
+	return t
+}
+
+// add adds the times from before to after, leaving out a time that either
+// reading could not read.
+func (t *cpuTimes) add(before, after cpuTimes) {
+	d := func(sum *time.Duration, a, b time.Duration) {
+		if a != unread && b != unread && b > a {
+			*sum += b - a
+		}
+	}
+	d(&t.server, before.server, after.server)
+	d(&t.process, before.process, after.process)
+	d(&t.program, before.program, after.program)
+	d(&t.machine, before.machine, after.machine)
+	d(&t.idle, before.idle, after.idle)
+}
+
+func (t cpuTimes) perRow(rows int) PipelineCPU {
+	n := float64(max(rows, 1))
+	f := func(d time.Duration) float64 { return round(ms(d)/n, 3) }
+	return PipelineCPU{Server: f(t.server), Process: f(t.process), Program: f(t.program), Machine: f(t.machine), Idle: f(t.idle)}
 }
 
 // compare records the rates of the rows without a queue, through it and

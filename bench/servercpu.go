@@ -145,6 +145,42 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// childrenCPU is the CPU time of this process's children that ended and were
+// waited for: the backend programs the pipeline ran.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// machineCPU is the CPU time of all of the machine's CPUs since boot from
+// /proc/stat, busy (user, nice, system, interrupts, steal) and idle (idle
+// and waiting for I/O); ok is false where /proc/stat cannot be read.
+func machineCPU() (busy, idle time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0, false
+	}
+	var t [8]int64
+	for i := range t {
+		if t[i], err = strconv.ParseInt(f[i+1], 10, 64); err != nil {
+			return 0, 0, false
+		}
+	}
+	// user nice system idle iowait irq softirq steal; guest time is in user.
+	tick := time.Second / clockTicks
+	busy = time.Duration(t[0]+t[1]+t[2]+t[5]+t[6]+t[7]) * tick
+	idle = time.Duration(t[3]+t[4]) * tick
+	return busy, idle, true
+}
+
 // cpuSpan measures the CPU time of the server and of this process from its
 // start; server is nil when the server is not on this machine.
 type cpuSpan struct {
@@ -157,16 +193,24 @@ type cpuSpan struct {
 // in another PID namespace) is logged and left out.
 func (b *Bench) startCPU(ctx context.Context) *cpuSpan {
 	s := &cpuSpan{selfBefore: selfCPU()}
+	s.server, s.serverBefore = b.localServer(ctx)
+	return s
+}
+
+// localServer finds the server's processes and reads their CPU time so far.
+// A server it cannot read (on another machine, or in another PID namespace)
+// is logged, and localServer returns nil.
+func (b *Bench) localServer(ctx context.Context) (*serverCPU, time.Duration) {
 	server, err := b.findServerCPU(ctx)
+	var t time.Duration
 	if err == nil {
-		s.serverBefore, err = server.total()
+		t, err = server.total()
 	}
 	if err != nil {
 		b.logger.Info("bench: the server's CPU is left out", "err", err)
-		return s
+		return nil, 0
 	}
-	s.server = server
-	return s
+	return server, t
 }
 
 // perRow is the CPU time since the start, in milliseconds per row, of the

@@ -823,7 +823,20 @@ func (rp *report) pipelineGoal() goal {
 				"one completion a row, no queue software) adds %.1f%% to the same pipeline in the same run", bare)}
 		}
 	}
-	return goal{"pipeline overhead", target, measured, verdict(v <= 10, fmt.Sprintf("%.1f points over 10%%", v-10))}
+	return goal{"pipeline overhead", target, measured, verdict(v <= 10, fmt.Sprintf("%.1f points over 10%%", v-10)+cpuOverBare(p))}
+}
+
+// cpuOverBare says how much more CPU a row the queued way of a pipeline run
+// spent than the bare queue's, and how much of it was the database's; ""
+// for a run from before the ways' CPU was measured.
+func cpuOverBare(p result) string {
+	q, okq := p.num("cpu_ms_per_row.queued.machine")
+	b, okb := p.num("cpu_ms_per_row.bare.machine")
+	if !okq || !okb || q == 0 || b == 0 {
+		return ""
+	}
+	db := p.n("cpu_ms_per_row.queued.server") - p.n("cpu_ms_per_row.bare.server")
+	return fmt.Sprintf("; the machine's CPU a row %+.2f ms over the bare queue's, the database's %+.2f ms", q-b, db)
 }
 
 func verdict(met bool, miss string) string {
@@ -1390,6 +1403,22 @@ func renderPipeline(p printer, rp *report) {
 			p("%.1f%% / %.1f%%", (q[i]/d[i]-1)*100, (b[i]/d[i]-1)*100)
 		}
 		p(".\n\n")
+	}
+	for _, r := range rs {
+		if _, ok := r.num("cpu_ms_per_row.direct.process"); !ok {
+			continue // a run from before the ways' CPU was measured
+		}
+		p("CPU time a row, in ms, each way over its rounds (the server's processes and the benchmark's,\n")
+		p("whose handlers download and upload and, queued, run the worker runtime; the backend program's;\n")
+		p("all the machine's CPUs, MinIO and the kernel's threads included, busy and idle):\n\n")
+		p("| way | database | benchmark process | program | machine busy | machine idle |\n")
+		p("| --- | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, way := range []string{"direct", "queued", "bare"} {
+			c := "cpu_ms_per_row." + way + "."
+			p("| %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", way, r.n(c+"server"), r.n(c+"process"), r.n(c+"program"),
+				r.n(c+"machine"), r.n(c+"idle"))
+		}
+		p("\n")
 	}
 }
 
