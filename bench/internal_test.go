@@ -77,31 +77,59 @@ func TestPayloadOf(t *testing.T) {
 	}
 }
 
-// TestCPUTimesLeaveOutUnread: a time that either reading could not read adds
-// nothing, and the others still add.
-func TestCPUTimesLeaveOutUnread(t *testing.T) {
+// TestCPUTimesLoseAFailedReading: a time that a reading could not read
+// makes the sum's unknown; the others still add.
+func TestCPUTimesLoseAFailedReading(t *testing.T) {
 	t.Parallel()
 	ms := time.Millisecond
 	var sum cpuTimes
 	sum.add(cpuTimes{server: 10 * ms, process: 5 * ms, program: 0, machine: 100 * ms, idle: 20 * ms},
 		cpuTimes{server: 30 * ms, process: 9 * ms, program: 4 * ms, machine: 150 * ms, idle: 30 * ms})
-	// The server read before and lost after, /proc/stat the other way round.
-	sum.add(cpuTimes{server: 30 * ms, process: 9 * ms, program: 4 * ms, machine: unread, idle: unread},
-		cpuTimes{server: unread, process: 10 * ms, program: 6 * ms, machine: 190 * ms, idle: 35 * ms})
-	want := cpuTimes{server: 20 * ms, process: 5 * ms, program: 6 * ms, machine: 50 * ms, idle: 10 * ms}
-	if sum != want {
-		t.Errorf("sum %+v, want %+v", sum, want)
+	if got, want := sum.perRow(4), (PipelineCPU{Server: new(5.0), Process: 1, Program: 1, Machine: new(12.5), Idle: new(2.5)}); !samePipelineCPU(got, want) {
+		t.Errorf("per row %s, want %s", fmtPipelineCPU(got), fmtPipelineCPU(want))
 	}
-	if got := sum.perRow(4); got != (PipelineCPU{Server: 5, Process: 1.25, Program: 1.5, Machine: 12.5, Idle: 2.5}) {
-		t.Errorf("per row %+v", got)
+	// The server lost after a round's start: its time is unknown from then on.
+	sum.add(cpuTimes{server: 30 * ms, process: 9 * ms, program: 4 * ms, machine: 150 * ms, idle: 30 * ms},
+		cpuTimes{serverLost: true, process: 13 * ms, program: 8 * ms, machine: 190 * ms, idle: 34 * ms})
+	if got, want := sum.perRow(4), (PipelineCPU{Process: 2, Program: 2, Machine: new(22.5), Idle: new(3.5)}); !samePipelineCPU(got, want) {
+		t.Errorf("per row %s, want %s", fmtPipelineCPU(got), fmtPipelineCPU(want))
+	}
+	// /proc/stat unreadable at a round's start.
+	sum.add(cpuTimes{machineLost: true, serverLost: true}, cpuTimes{process: 4 * ms, program: 4 * ms})
+	if got, want := sum.perRow(4), (PipelineCPU{Process: 3, Program: 3}); !samePipelineCPU(got, want) {
+		t.Errorf("per row %s, want %s", fmtPipelineCPU(got), fmtPipelineCPU(want))
 	}
 }
 
-// TestMachineCPU: /proc/stat's busy and idle times grow.
-func TestMachineCPU(t *testing.T) {
+func samePipelineCPU(a, b PipelineCPU) bool { return fmtPipelineCPU(a) == fmtPipelineCPU(b) }
+
+func fmtPipelineCPU(c PipelineCPU) string {
+	f := func(p *float64) string {
+		if p == nil {
+			return "unknown"
+		}
+		return fmt.Sprint(*p)
+	}
+	return fmt.Sprintf("server %s, process %v, program %v, machine %s, idle %s", f(c.Server), c.Process, c.Program, f(c.Machine), f(c.Idle))
+}
+
+func TestParseCPULine(t *testing.T) {
 	t.Parallel()
-	busy, idle, ok := machineCPU()
-	if !ok || busy <= 0 || idle < 0 {
-		t.Fatalf("machineCPU() = %v, %v, %v", busy, idle, ok)
+	for _, tc := range []struct {
+		line       string
+		busy, idle time.Duration
+		ok         bool
+	}{
+		// user nice system idle iowait irq softirq steal guest guest_nice
+		{"cpu  100 2 30 500 7 1 2 40 9 0", 1350 * time.Millisecond, 5070 * time.Millisecond, true},
+		{"cpu 100 2 30 500 7 1 2 40", 1350 * time.Millisecond, 5070 * time.Millisecond, true},
+		{"cpu 100 2 30 500 7 1 2", 0, 0, false},
+		{"cpu0 100 2 30 500 7 1 2 40 9 0", 0, 0, false},
+		{"cpu 100 2 x 500 7 1 2 40 9 0", 0, 0, false},
+	} {
+		busy, idle, ok := parseCPULine(tc.line)
+		if busy != tc.busy || idle != tc.idle || ok != tc.ok {
+			t.Errorf("parseCPULine(%q) = %v, %v, %v; want %v, %v, %v", tc.line, busy, idle, ok, tc.busy, tc.idle, tc.ok)
+		}
 	}
 }

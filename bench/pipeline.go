@@ -106,24 +106,28 @@ type PipelineCPUs struct {
 }
 
 // PipelineCPU is the CPU time of one way of a Pipeline run, in milliseconds
-// a row, summed over its rounds, each from the load of its rows to its last
-// outcome. On two cores the handlers, the object store and the database
-// share the machine, and what one way adds to the CPU a row is time the
-// handlers wait for.
+// a row, summed over the timed parts of its rounds (the rows' load and the
+// checks after are left out). Where the handlers, the object store and the
+// database share the machine's cores, what one way adds to the CPU a row is
+// time its handlers wait for. The worker's slots wait on the paused queue
+// in the other ways, and what that costs counts in theirs.
 type PipelineCPU struct {
-	// Server is the PostgreSQL server's processes; 0 when the server is not
-	// on this machine.
-	Server float64 `json:"server"`
+	// Server is the PostgreSQL server's processes; missing when the server
+	// is not on this machine or could not be read in every round.
+	Server *float64 `json:"server,omitempty"`
 	// Process is the benchmark's own process: the handlers' downloads and
 	// uploads, and in the queued way the worker runtime beside them.
 	Process float64 `json:"process"`
-	// Program is the backend program's processes.
+	// Program is the backend program's processes that ended and were
+	// waited for (a process a program leaves behind is not counted).
 	Program float64 `json:"program"`
-	// Machine is all of the machine's CPUs busy, the object store and the
-	// kernel's threads included, and Idle their time idle; both 0 where
-	// /proc/stat cannot be read.
-	Machine float64 `json:"machine"`
-	Idle    float64 `json:"idle"`
+	// Machine is all of the machine's CPUs busy (user, system and
+	// interrupts; not the time a hypervisor gave to others), whatever ran on
+	// them, the object store and the kernel's threads included; Idle is
+	// their time idle. Both are missing where /proc/stat could not be read
+	// in every round.
+	Machine *float64 `json:"machine,omitempty"`
+	Idle    *float64 `json:"idle,omitempty"`
 }
 
 // PipelineRounds are the times of a Pipeline run's rounds, three ways.
@@ -194,6 +198,9 @@ func (b *Bench) Pipeline(ctx context.Context, cfg *PipelineConfig) (*PipelineRes
 		defer stop()
 		cpu := &pipelineCPU{}
 		cpu.server, _ = b.localServer(ctx)
+		if cpu.server == nil {
+			cpu.direct.serverLost, cpu.queued.serverLost, cpu.bare.serverLost = true, true, true
+		}
 		if err := b.pipelineRounds(ctx, c, h, outcomes, conns, keys, &res.RoundMS, cpu); err != nil {
 			return err
 		}
@@ -240,7 +247,7 @@ func (b *Bench) prepareInputs(ctx context.Context, c PipelineConfig, h worker.Ha
 		return err
 	}
 	warm := min(c.Rows, 2*c.Slots)
-	_, err := direct(ctx, h, keys[:warm], c.Slots, 1<<40)
+	_, err := direct(ctx, h, keys[:warm], c.Slots, 1<<40, nil)
 	return err
 }
 
@@ -288,23 +295,19 @@ func (b *Bench) pipelineRounds(ctx context.Context, c PipelineConfig, h worker.H
 				t   time.Duration
 				err error
 			)
-			before := cpu.read()
 			switch (i + r) % 3 {
 			case 0:
 				b.logger.Info("bench: pipeline without a queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-				t, err = direct(ctx, h, part, c.Slots, int64(2+r)<<40)
+				t, err = direct(ctx, h, part, c.Slots, int64(2+r)<<40, cpu.meter(&cpu.direct))
 				rounds.Direct = append(rounds.Direct, ms(t))
-				cpu.direct.add(before, cpu.read())
 			case 1:
 				b.logger.Info("bench: pipeline through the queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-				t, err = b.queued(ctx, outcomes, part)
+				t, err = b.queued(ctx, outcomes, part, cpu.meter(&cpu.queued))
 				rounds.Queued = append(rounds.Queued, ms(t))
-				cpu.queued.add(before, cpu.read())
 			case 2:
 				b.logger.Info("bench: pipeline through a bare queue", "round", r+1, "rows", len(part), "slots", c.Slots)
-				t, err = b.bare(ctx, h, conns, part, int64(2+r)<<44)
+				t, err = b.bare(ctx, h, conns, part, int64(2+r)<<44, cpu.meter(&cpu.bare))
 				rounds.Bare = append(rounds.Bare, ms(t))
-				cpu.bare.add(before, cpu.read())
 			}
 			if err != nil {
 				return err
@@ -320,48 +323,75 @@ type pipelineCPU struct {
 	direct, queued, bare cpuTimes
 }
 
-// cpuTimes are CPU times as PipelineCPU names them.
+// cpuTimes are CPU times as PipelineCPU names them. In a sum, serverLost and
+// machineLost say that a reading of the server or of /proc/stat failed in a
+// round, which leaves those times unknown.
 type cpuTimes struct {
 	server, process, program, machine, idle time.Duration
+	serverLost, machineLost                 bool
 }
-
-// unread marks a time in a reading of cpuTimes whose source could not be read.
-const unread time.Duration = -1
 
 // read takes the CPU times so far.
 func (p *pipelineCPU) read() cpuTimes {
-	t := cpuTimes{server: unread, process: selfCPU(), program: childrenCPU()}
+	t := cpuTimes{process: selfCPU(), program: childrenCPU(), serverLost: true}
 	if p.server != nil {
 		if s, err := p.server.total(); err == nil {
-			t.server = s
+			t.server, t.serverLost = s, false
 		}
 	}
 	var ok bool
-	if t.machine, t.idle, ok = machineCPU(); !ok {
-		t.machine, t.idle = unread, unread
-	}
+	t.machine, t.idle, ok = machineCPU()
+	t.machineLost = !ok
 	return t
 }
 
-// add adds the times from before to after, leaving out a time that either
-// reading could not read.
-func (t *cpuTimes) add(before, after cpuTimes) {
-	d := func(sum *time.Duration, a, b time.Duration) {
-		if a != unread && b != unread && b > a {
-			*sum += b - a
-		}
-	}
-	d(&t.server, before.server, after.server)
-	d(&t.process, before.process, after.process)
-	d(&t.program, before.program, after.program)
-	d(&t.machine, before.machine, after.machine)
-	d(&t.idle, before.idle, after.idle)
+// meter returns a cpuMeter that adds to sum.
+func (p *pipelineCPU) meter(sum *cpuTimes) *cpuMeter { return &cpuMeter{p: p, sum: sum} }
+
+// cpuMeter adds the CPU times of a way's timed parts to a sum. A nil
+// cpuMeter measures nothing (the warm-up's).
+type cpuMeter struct {
+	p   *pipelineCPU
+	sum *cpuTimes
 }
 
+func (m *cpuMeter) start() cpuTimes {
+	if m == nil {
+		return cpuTimes{}
+	}
+	return m.p.read()
+}
+
+func (m *cpuMeter) stop(before cpuTimes) {
+	if m != nil {
+		m.sum.add(before, m.p.read())
+	}
+}
+
+// add adds the times from before to after; a time that either reading
+// could not read makes the sum's unknown.
+func (t *cpuTimes) add(before, after cpuTimes) {
+	t.serverLost = t.serverLost || before.serverLost || after.serverLost
+	t.machineLost = t.machineLost || before.machineLost || after.machineLost
+	t.server += after.server - before.server
+	t.process += after.process - before.process
+	t.program += after.program - before.program
+	t.machine += after.machine - before.machine
+	t.idle += after.idle - before.idle
+}
+
+// perRow divides the sum by the rows, each way having run every row once.
 func (t cpuTimes) perRow(rows int) PipelineCPU {
 	n := float64(max(rows, 1))
-	f := func(d time.Duration) float64 { return round(ms(d)/n, 3) }
-	return PipelineCPU{Server: f(t.server), Process: f(t.process), Program: f(t.program), Machine: f(t.machine), Idle: f(t.idle)}
+	f := func(d time.Duration) float64 { return round(ms(d)/n, 4) }
+	c := PipelineCPU{Process: f(t.process), Program: f(t.program)}
+	if !t.serverLost {
+		c.Server = new(f(t.server))
+	}
+	if !t.machineLost {
+		c.Machine, c.Idle = new(f(t.machine)), new(f(t.idle))
+	}
+	return c
 }
 
 // compare records the rates of the rows without a queue, through it and
@@ -389,17 +419,19 @@ func rate(rows int, elapsedMS float64) Rate {
 // queued loads a row for each key into the paused queue, resumes it, waits
 // until the worker has recorded their outcomes, and pauses the queue again.
 // It times the run from the resume to the last outcome.
-func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []string) (time.Duration, error) {
+func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []string, cpu *cpuMeter) (time.Duration, error) {
 	if err := b.copyRows(ctx, func(i int) string { return keys[i] }, len(keys)); err != nil {
 		return 0, err
 	}
 	want := outcomes.count() + uint64(len(keys))
+	before := cpu.start()
 	t0 := time.Now()
 	if _, err := b.pool.Exec(ctx, sqlResume, Queue); err != nil {
 		return 0, fmt.Errorf("bench: resume queue %s: %w", Queue, err)
 	}
 	err := outcomes.wait(ctx, want)
 	elapsed := time.Since(t0)
+	cpu.stop(before)
 	if err != nil {
 		return 0, err
 	}
@@ -414,11 +446,12 @@ func (b *Bench) queued(ctx context.Context, outcomes *outcomeCount, keys []strin
 // a synthetic job for it, and completes it (sqlSkipComplete), until a claim
 // finds nothing. It times the run from the first claim to the last
 // completion. Job ids are the table's ids plus base, clear of the others'.
-func (b *Bench) bare(ctx context.Context, h worker.Handler, conns []*pgx.Conn, keys []string, base int64) (time.Duration, error) {
+func (b *Bench) bare(ctx context.Context, h worker.Handler, conns []*pgx.Conn, keys []string, base int64, cpu *cpuMeter) (time.Duration, error) {
 	if _, err := b.pool.Exec(ctx, sqlPipeBareLoad, Queue, keys); err != nil {
 		return 0, fmt.Errorf("bench: load the bare queue: %w", err)
 	}
 	pid := strconv.Itoa(os.Getpid())
+	before := cpu.start()
 	elapsed, err := burnDown(conns, func(i int, conn *pgx.Conn) error {
 		workerID := workerPrefix + pid + ":bare:" + strconv.Itoa(i)
 		for {
@@ -441,6 +474,7 @@ func (b *Bench) bare(ctx context.Context, h worker.Handler, conns []*pgx.Conn, k
 			}
 		}
 	})
+	cpu.stop(before)
 	if err != nil {
 		return 0, err
 	}
@@ -462,11 +496,12 @@ func handleSynthetic(ctx context.Context, h worker.Handler, id int64, source, wo
 
 // direct calls h on a synthetic job per key, slots at a time, with no queue.
 // Job ids start at firstID, clear of the table's.
-func direct(ctx context.Context, h worker.Handler, keys []string, slots int, firstID int64) (time.Duration, error) {
+func direct(ctx context.Context, h worker.Handler, keys []string, slots int, firstID int64, cpu *cpuMeter) (time.Duration, error) {
 	jobs := make(chan int)
 	errs := make(chan error, slots)
 	var wg sync.WaitGroup
 	pid := strconv.Itoa(os.Getpid())
+	before := cpu.start()
 	t0 := time.Now()
 	for s := range slots {
 		wg.Add(1)
@@ -496,6 +531,7 @@ feed:
 	close(jobs)
 	wg.Wait()
 	elapsed := time.Since(t0)
+	cpu.stop(before)
 	if err == nil {
 		select {
 		case err = <-errs:

@@ -137,46 +137,50 @@ func readStat(pid int) (procStat, error) {
 
 // selfCPU is the CPU time of this process so far: the worker runtime, and
 // the benchmark's own producer beside it.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+func selfCPU() time.Duration { return rusageCPU(syscall.RUSAGE_SELF) }
 
 // childrenCPU is the CPU time of this process's children that ended and were
 // waited for: the backend programs the pipeline ran.
-func childrenCPU() time.Duration {
+func childrenCPU() time.Duration { return rusageCPU(syscall.RUSAGE_CHILDREN) }
+
+func rusageCPU(who int) time.Duration {
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+	if err := syscall.Getrusage(who, &ru); err != nil {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// machineCPU is the CPU time of all of the machine's CPUs since boot from
-// /proc/stat, busy (user, nice, system, interrupts, steal) and idle (idle
-// and waiting for I/O); ok is false where /proc/stat cannot be read.
+// machineCPU is the CPU time of all of the machine's CPUs since boot, busy
+// and idle, from /proc/stat; ok is false where it cannot be read.
 func machineCPU() (busy, idle time.Duration, ok bool) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0, 0, false
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	return parseCPULine(line)
+}
+
+// parseCPULine reads /proc/stat's first line: "cpu" and the times in clock
+// ticks of user, nice, system, idle, iowait, irq, softirq, steal, and on
+// newer kernels guest and guest_nice, which user and nice already hold.
+// Busy is user, nice, system and the interrupts: not steal, the time a
+// hypervisor ran something else. Idle is idle and iowait.
+func parseCPULine(line string) (busy, idle time.Duration, ok bool) {
 	f := strings.Fields(line)
 	if len(f) < 9 || f[0] != "cpu" {
 		return 0, 0, false
 	}
 	var t [8]int64
 	for i := range t {
+		var err error
 		if t[i], err = strconv.ParseInt(f[i+1], 10, 64); err != nil {
 			return 0, 0, false
 		}
 	}
-	// user nice system idle iowait irq softirq steal; guest time is in user.
 	tick := time.Second / clockTicks
-	busy = time.Duration(t[0]+t[1]+t[2]+t[5]+t[6]+t[7]) * tick
+	busy = time.Duration(t[0]+t[1]+t[2]+t[5]+t[6]) * tick
 	idle = time.Duration(t[3]+t[4]) * tick
 	return busy, idle, true
 }

@@ -280,11 +280,13 @@ at the end (a file:// store keeps the emptied directories). JSON: queued,
 direct and bare (rows_per_sec, elapsed_ms), overhead_ratio (direct rate over
 queued rate), overhead_pct and bare_overhead_pct (the queues' time over
 direct's, in percent), round_ms (each round's times, three ways), and
-cpu_ms_per_row: each way's CPU time a row of the database's processes (when
-the server runs on this machine), of this process (the handlers' downloads
-and uploads, and the worker runtime), of the backend program, and of all the
-machine's CPUs busy and idle (from /proc/stat), which shows what a queue's
-work takes from the handlers on a machine they share.
+cpu_ms_per_row: the CPU time a row of each way's timed parts (the rows' load
+left out) of the database's processes (server, when it runs on this
+machine), of this process (the handlers' downloads and uploads, and the
+worker runtime), of the backend programs that ended (program), and of all
+the machine's CPUs busy and idle (machine and idle, from /proc/stat; busy is
+whatever ran, MinIO and the kernel's threads included), which shows what a
+queue's work takes from the handlers on a machine they share.
 
 The S3 endpoint and credentials come from PGWORKER_S3_ENDPOINT,
 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, as for pgworker run. There is no

@@ -832,11 +832,16 @@ func (rp *report) pipelineGoal() goal {
 func cpuOverBare(p result) string {
 	q, okq := p.num("cpu_ms_per_row.queued.machine")
 	b, okb := p.num("cpu_ms_per_row.bare.machine")
-	if !okq || !okb || q == 0 || b == 0 {
-		return ""
+	if !okq || !okb {
+		return "" // not measured, or /proc/stat unread
 	}
-	db := p.n("cpu_ms_per_row.queued.server") - p.n("cpu_ms_per_row.bare.server")
-	return fmt.Sprintf("; the machine's CPU a row %+.2f ms over the bare queue's, the database's %+.2f ms", q-b, db)
+	s := fmt.Sprintf("; the machine's CPU a row %+.2f ms over the bare queue's", q-b)
+	qs, okq := p.num("cpu_ms_per_row.queued.server")
+	bs, okb := p.num("cpu_ms_per_row.bare.server")
+	if okq && okb {
+		s += fmt.Sprintf(", the database's %+.2f ms", qs-bs)
+	}
+	return s
 }
 
 func verdict(met bool, miss string) string {
@@ -1404,22 +1409,37 @@ func renderPipeline(p printer, rp *report) {
 		}
 		p(".\n\n")
 	}
+	var cpu []result
 	for _, r := range rs {
-		if _, ok := r.num("cpu_ms_per_row.direct.process"); !ok {
-			continue // a run from before the ways' CPU was measured
+		if _, ok := r.num("cpu_ms_per_row.direct.process"); ok { // not in a run from before the ways' CPU was measured
+			cpu = append(cpu, r)
 		}
-		p("CPU time a row, in ms, each way over its rounds (the server's processes and the benchmark's,\n")
-		p("whose handlers download and upload and, queued, run the worker runtime; the backend program's;\n")
-		p("all the machine's CPUs, MinIO and the kernel's threads included, busy and idle):\n\n")
-		p("| way | database | benchmark process | program | machine busy | machine idle |\n")
-		p("| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	}
+	if len(cpu) == 0 {
+		return
+	}
+	p("CPU time a row, in ms, of each way's timed parts (the rows' load left out): the server's processes;\n")
+	p("the benchmark's, whose handlers download and upload and, queued, run the worker runtime; the backend\n")
+	p("program's; all the machine's CPUs, busy (whatever ran on them, MinIO and the kernel's threads\n")
+	p("included) and idle. A dash is a figure that could not be read.\n\n")
+	p("| rows | way | database | benchmark process | program | machine busy | machine idle |\n")
+	p("| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range cpu {
 		for _, way := range []string{"direct", "queued", "bare"} {
 			c := "cpu_ms_per_row." + way + "."
-			p("| %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", way, r.n(c+"server"), r.n(c+"process"), r.n(c+"program"),
-				r.n(c+"machine"), r.n(c+"idle"))
+			p("| %s | %s | %s | %.3f | %.3f | %s | %s |\n", thousands(r.n("rows")), way, msOrDash(r, c+"server"), r.n(c+"process"),
+				r.n(c+"program"), msOrDash(r, c+"machine"), msOrDash(r, c+"idle"))
 		}
-		p("\n")
 	}
+	p("\n")
+}
+
+// msOrDash prints a figure in ms to three places, or a dash where there is none.
+func msOrDash(r result, path string) string {
+	if v, ok := r.num(path); ok {
+		return fmt.Sprintf("%.3f", v)
+	}
+	return "—"
 }
 
 func renderViews(p printer, rp *report) {
