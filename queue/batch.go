@@ -144,7 +144,11 @@ func (c *Client) Batches(ctx context.Context, since time.Time, limit int) ([]Bat
 }
 
 func readBatches(ctx context.Context, db executor, since time.Time, limit int) ([]BatchProgress, error) {
-	rows, err := db.Query(ctx, sqlBatchesSince, since, limit)
+	return scanBatches(db.Query(ctx, sqlBatchesSince, since, limit))
+}
+
+// scanBatches scans the lines of sqlBatchesSince.
+func scanBatches(rows pgx.Rows, err error) ([]BatchProgress, error) {
 	if err != nil {
 		return nil, fmt.Errorf("batches: %w", err)
 	}

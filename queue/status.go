@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -130,30 +131,42 @@ func (c *Client) Status(ctx context.Context, opts *StatusOpts) (*Status, error) 
 
 func readStatus(ctx context.Context, tx pgx.Tx, allSeen bool) (*Status, error) {
 	st := &Status{GeneratedAt: time.Now().UTC()}
-	var err error
-	if st.Queues, err = readQueues(ctx, tx); err != nil {
-		return nil, err
-	}
-	if st.ActiveWorkers, err = readActiveWorkers(ctx, tx); err != nil {
-		return nil, err
-	}
-	if st.WorkerMetrics, err = readWorkerMetrics(ctx, tx, allSeen); err != nil {
-		return nil, err
-	}
-	if st.Batches, err = readBatches(ctx, tx, st.GeneratedAt.Add(-time.Hour), statusBatches); err != nil {
-		return nil, err
-	}
-	return st, nil
+	// The four reads go out together, so that the server runs each while
+	// the lines of the one before are scanned: at 2,000 slots, scanning the
+	// live slots and their metrics takes about as long as the views do.
+	b := &pgx.Batch{}
+	b.Queue(sqlQueueStats)
+	b.Queue(sqlActiveWorkers)
+	b.Queue(sqlWorkerMetrics, allSeen)
+	b.Queue(sqlBatchesSince, st.GeneratedAt.Add(-time.Hour), statusBatches)
+	br := tx.SendBatch(ctx, b)
+	err := readStatusBatch(br, st)
+	return st, errors.Join(err, br.Close())
 }
 
-// readQueues reads files.queue_stats, one line per queue and state, into
+// readStatusBatch scans the results of readStatus's batch, in its order.
+func readStatusBatch(br pgx.BatchResults, st *Status) (err error) {
+	if st.Queues, err = scanQueues(br.Query()); err != nil {
+		return err
+	}
+	if st.ActiveWorkers, err = scanActiveWorkers(br.Query()); err != nil {
+		return err
+	}
+	if st.WorkerMetrics, err = scanWorkerMetrics(br.Query()); err != nil {
+		return err
+	}
+	st.Batches, err = scanBatches(br.Query())
+	return err
+}
+
+// scanQueues scans files.queue_stats, one line per queue and state, into
 // one QueueStatus per queue.
-func readQueues(ctx context.Context, tx pgx.Tx) ([]QueueStatus, error) {
-	out := []QueueStatus{}
-	rows, err := tx.Query(ctx, sqlQueueStats)
+func scanQueues(rows pgx.Rows, err error) ([]QueueStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
+	out := []QueueStatus{}
 	byQueue := map[string]int{}
 	for rows.Next() {
 		var (
@@ -194,12 +207,12 @@ func readQueues(ctx context.Context, tx pgx.Tx) ([]QueueStatus, error) {
 	return out, rows.Err()
 }
 
-func readActiveWorkers(ctx context.Context, tx pgx.Tx) ([]ActiveWorker, error) {
-	out := []ActiveWorker{}
-	rows, err := tx.Query(ctx, sqlActiveWorkers)
+func scanActiveWorkers(rows pgx.Rows, err error) ([]ActiveWorker, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
+	out := []ActiveWorker{}
 	for rows.Next() {
 		var (
 			w           ActiveWorker
@@ -218,12 +231,12 @@ func readActiveWorkers(ctx context.Context, tx pgx.Tx) ([]ActiveWorker, error) {
 	return out, rows.Err()
 }
 
-func readWorkerMetrics(ctx context.Context, tx pgx.Tx, allSeen bool) ([]WorkerMetrics, error) {
-	out := []WorkerMetrics{}
-	rows, err := tx.Query(ctx, sqlWorkerMetrics, allSeen)
+func scanWorkerMetrics(rows pgx.Rows, err error) ([]WorkerMetrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
+	out := []WorkerMetrics{}
 	for rows.Next() {
 		var (
 			m         WorkerMetrics
