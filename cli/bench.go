@@ -811,9 +811,26 @@ func benchText(res any) string {
 			p.RowsPerSec, p.Pickup.P50MS, p.Pickup.P99MS, p.DepthEnd, p.DepthMax, p.End.DeadTuples, mib(p.End.TableBytes),
 			mib(p.End.IndexBytes), len(r.Samples), r.PruneCalls)
 	case *bench.PipelineResult:
-		return fmt.Sprintf("pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: "+
+		var b strings.Builder
+		fmt.Fprintf(&b, "pipeline: %d objects of %d bytes, %d slots, %s: through the queue %.0f rows/s, without a queue %.0f rows/s: "+
 			"overhead %.1f%%; through a bare queue %.0f rows/s: overhead %.1f%%",
 			r.Rows, r.ObjectBytes, r.Slots, r.Exec, r.Queued.RowsPerSec, r.Direct.RowsPerSec, r.OverheadPct, r.Bare.RowsPerSec, r.BareOverheadPct)
+		for _, w := range []struct {
+			name string
+			cpu  bench.PipelineCPU
+		}{{"direct", r.CPU.Direct}, {"queued", r.CPU.Queued}, {"bare", r.CPU.Bare}} {
+			fmt.Fprintf(&b, "\n  %-6s CPU a row: database %s, this process %.3f ms, program %.3f ms, machine busy %s, idle %s",
+				w.name, msOrUnknown(w.cpu.Server), w.cpu.Process, w.cpu.Program, msOrUnknown(w.cpu.Machine), msOrUnknown(w.cpu.Idle))
+		}
+		return b.String()
 	}
 	return fmt.Sprint(res)
+}
+
+// msOrUnknown prints a figure that may not have been read.
+func msOrUnknown(v *float64) string {
+	if v == nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.3f ms", *v)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgworker/pgworker/bench"
 	"github.com/pgworker/pgworker/internal/pgtest"
 )
 
@@ -258,5 +259,24 @@ func TestEnqueuePayloadBound(t *testing.T) {
 	code := New(&Config{LookupEnv: env}).Main(context.Background(), []string{"enqueue", "--payload", payload, "src"}, nil, &stdout, &stderr)
 	if code != ExitUsage || !strings.Contains(stderr.String(), "--payload: payload of 1048587 bytes is over the bound of 1048576 bytes") {
 		t.Errorf("exit %d, stderr %.300s", code, stderr.String())
+	}
+}
+
+// TestPipelineText: the text summary gives each way's CPU a row, and says
+// which figures were not read.
+func TestPipelineText(t *testing.T) {
+	t.Parallel()
+	res := &bench.PipelineResult{Rows: 10, Slots: 2, Exec: "cp", CPU: bench.PipelineCPUs{
+		Queued: bench.PipelineCPU{Server: new(1.5), Process: 5.25, Program: 6, Machine: new(17.5), Idle: new(1.25)},
+		Bare:   bench.PipelineCPU{Process: 5, Program: 6},
+	}}
+	got := benchText(res)
+	for _, want := range []string{
+		"\n  queued CPU a row: database 1.500 ms, this process 5.250 ms, program 6.000 ms, machine busy 17.500 ms, idle 1.250 ms",
+		"\n  bare   CPU a row: database unknown, this process 5.000 ms, program 6.000 ms, machine busy unknown, idle unknown",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("text lacks %q:\n%s", want, got)
+		}
 	}
 }
