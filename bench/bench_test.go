@@ -523,6 +523,9 @@ func TestLongTx(t *testing.T) {
 				if p.End.TableBytes <= 0 {
 					t.Errorf("phase %s: table size %d", p.Name, p.End.TableBytes)
 				}
+				if p.DepthEnd < 0 || p.DepthMax < 0 {
+					t.Errorf("phase %s: depth at end %d, max %d", p.Name, p.DepthEnd, p.DepthMax)
+				}
 			}
 			if strings.Join(names, ",") != "clean,idle-in-tx,recovery" {
 				t.Errorf("phases %v", names)
@@ -531,7 +534,7 @@ func TestLongTx(t *testing.T) {
 			// all ended done (LongTx checks it before it returns).
 			last := -1.0
 			for _, s := range res.Samples {
-				if !slices.Contains(names, s.Phase) || s.AtSec <= last {
+				if !slices.Contains(names, s.Phase) || s.AtSec <= last || s.Depth < 0 {
 					t.Errorf("sample %+v after %gs", s, last)
 				}
 				last = s.AtSec

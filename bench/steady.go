@@ -57,7 +57,8 @@ type Sample struct {
 	// start, for the rows started in the interval.
 	PickupP50MS float64 `json:"pickup_p50_ms"`
 	PickupP99MS float64 `json:"pickup_p99_ms"`
-	// Depth is the rows inserted and not yet started.
+	// Depth is the rows inserted (or in an insert under way) and not yet
+	// started.
 	Depth int64 `json:"depth"`
 	TableStats
 }
@@ -87,7 +88,8 @@ type PhaseResult struct {
 	// Pickup is from insert to handler start of the rows started in the
 	// phase.
 	Pickup Percentiles `json:"pickup"`
-	// DepthEnd is the rows inserted and not started at the end of the phase;
+	// DepthEnd is the rows inserted (or in an insert under way) and not
+	// started at the end of the phase;
 	// DepthMax the largest depth sampled in it.
 	DepthEnd int64 `json:"depth_end"`
 	DepthMax int64 `json:"depth_max"`
@@ -199,10 +201,13 @@ func (p *producer) run(ctx context.Context, stop <-chan struct{}) error {
 		}
 		if n > 0 {
 			n = min(n, maxInsert)
+			// Counted before the insert: its rows can be started before
+			// its answer comes back, and a depth read meanwhile would be
+			// below zero. A failed insert ends the run.
+			p.inserted.Add(n)
 			if _, err := p.pool.Exec(ctx, sqlInsertMany, Queue, "steady/", have, have+n-1); err != nil {
 				return fmt.Errorf("bench: insert: %w", explain(err))
 			}
-			p.inserted.Add(n)
 		}
 		select {
 		case <-tick.C:
