@@ -11,8 +11,11 @@
 // claim for every idle slot. It never polls at a fixed cadence: an idle
 // process sends no claim query but the safety net's, and each wake-up sends
 // one claim, followed by another only when the first filled every slot it
-// named. With Config.Cooldown, a wake-up within the cooldown of the last
-// claim waits for its end, and one claim takes what came meanwhile.
+// named, or, while the session of a short claim keeps claim hints (a long
+// transaction holds back vacuum: files.pick), by one more a second later if
+// nothing else has claimed meanwhile. With Config.Cooldown, a wake-up
+// within the cooldown of the last claim waits for its end, and one claim
+// takes what came meanwhile.
 //
 // A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
 // only means "wait again": it is counted, never reported as an error.
@@ -67,7 +70,8 @@ import (
 // before it.
 const (
 	claimColumns = `SELECT id, queue, priority, source, payload, attempt, max_attempts, worker_id,
-       created_at, claimed_at, lease_expires_at, coalesce(last_error, ''), claim_token`
+       created_at, claimed_at, lease_expires_at, coalesce(last_error, ''), claim_token,
+       coalesce(current_setting('pgworker.claim_hints', true), '') <> ''`
 	claimAsync  = ` WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`
 	sqlClaim    = claimColumns + ` FROM files.claim_batch($1::text[], $2::text[], $3, $4)` + claimAsync
 	sqlClaimOne = claimColumns + ` FROM files.claim($1, $2::text[], 1, $3, $4)` + claimAsync
@@ -78,6 +82,15 @@ const (
 // once by another, and a lone row taken by a claim for two leaves no second
 // query behind it.
 const minAsk = 2
+
+// lookAgain is how long after a claim that found rows, fewer than it asked
+// for, on a session that keeps claim hints, the claimer looks once more if
+// it has not claimed meanwhile. Such a claim does not read the rows behind
+// its hints (files.pick: their entries are those a held snapshot keeps), so
+// a row that became claimable there (a retry, a release, an insert that
+// committed late) waits for a whole-range search: one of the session's
+// claims a second after its last, or this look.
+const lookAgain = time.Second
 
 // minQuiet is the shortest rest of a cooldown for which the claimer asks
 // Config.Quiet to stop listening: a shorter one costs the LISTEN session more
@@ -172,7 +185,7 @@ type Stats struct {
 	RacesLost     uint64 // claims that got nothing: no rows, 40001 or 40P01
 	Serialization uint64 // of those, the 40001 and 40P01 errors
 	Errors        uint64 // claims that failed otherwise (connection errors...)
-	SafetyWakes   uint64 // wake-ups by the safety net or a WakeAt time
+	SafetyWakes   uint64 // wake-ups by the safety net, a WakeAt time or a look after a short claim with hints
 	Deferred      uint64 // claims held back until the cooldown ended
 	IdleSlots     int    // slots waiting for a row
 	LastClaimErr  string // the last error, empty once a claim succeeds again
@@ -198,6 +211,7 @@ type Claimer struct {
 	lastErr string
 
 	scratch []Row // the rows of the last claim, delivered; Run's alone
+	hinted  bool  // the last claim's session keeps claim hints; Run's alone
 
 	freed       chan struct{} // a slot became idle
 	rescheduled chan struct{} // wakes changed
@@ -272,9 +286,10 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		priority, attempt, maxAttempts int32
 		queue, token                   pgtype.DriverBytes
 		lastQueue, lastToken           string
+		hinted                         bool
 	)
 	dest := []any{&r.ID, &queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
-		&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &token}
+		&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &token, &hinted}
 	for rs.Next() {
 		r = Row{}
 		if err := rs.Scan(dest...); err != nil {
@@ -286,6 +301,7 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		out = append(out, r)
 	}
 	c.scratch = out
+	c.hinted = hinted
 	if err := rs.Err(); err != nil {
 		// The rows read so far are not committed: the statement failed as a whole.
 		return nil, c.countErr(err)
@@ -408,6 +424,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 	races, failures := 0, 0
 	var downSince, lastStart time.Time
 	var heldBack time.Time // the lastStart of the claim after which one was held back
+	var again time.Time    // when to look once more after a short claim with hints (lookAgain)
 	followUp := true       // the claim at start is not held back
 
 	for {
@@ -419,10 +436,13 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 				pending = true
 			case <-c.freed:
 			case <-c.rescheduled:
-				timer.Reset(c.untilSafety())
+				timer.Reset(c.untilWake(again))
 			case <-timer.C:
 				c.safetyWakes.Add(1)
 				pending = true
+				if !again.IsZero() && !time.Now().Before(again) {
+					again = time.Time{} // the claim this wake-up sends looks
+				}
 				timer.Reset(c.safetyNet)
 			}
 		}
@@ -463,7 +483,15 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		clear(rows) // what they point to is the slots' now
 		c.inFlight.Add(-1)
 		c.dropWakes(started)
-		timer.Reset(c.untilSafety())
+		if err == nil {
+			// Short, on a session that keeps hints: rows behind them were
+			// not read. Any claim that answers moves or ends this look.
+			again = time.Time{}
+			if c.hinted && len(rows) > 0 && len(rows) < len(ids) {
+				again = started.Add(lookAgain)
+			}
+		}
+		timer.Reset(c.untilWake(again))
 
 		switch {
 		case err == nil:
@@ -569,6 +597,16 @@ func (c *Claimer) untilSafety() time.Duration {
 	}
 	c.mu.Unlock()
 	return max(d, 0)
+}
+
+// untilWake is how long to wait before looking anyway, or at again (if not
+// zero).
+func (c *Claimer) untilWake(again time.Time) time.Duration {
+	d := c.untilSafety()
+	if !again.IsZero() {
+		d = min(d, max(time.Until(again), 0))
+	}
+	return d
 }
 
 // wake is a time to look for rows at, and when it was asked for.

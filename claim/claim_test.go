@@ -254,6 +254,47 @@ func TestRunSafetyNetAndWakeAt(t *testing.T) {
 	}
 }
 
+// A claim that finds rows past its session's claim hints, fewer than it
+// asked for, does not read the rows behind them (files.pick): with no
+// doorbell and the safety net an hour away, the claimer looks once more a
+// second later, and that claim, finding nothing past the hints, searches the
+// whole range and takes the row behind them.
+func TestRunLooksAgainAfterAShortHintedClaim(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.URL(t), func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1 // one session: the hints set below are the claimer's
+		cfg.ConnConfig.RuntimeParams["pgworker.claim_hint_pages"] = "0"
+	})
+	ctx := context.Background()
+	insert(t, pool, 3, "default")
+	var last int64
+	if err := pool.QueryRow(ctx, "SELECT max(id) FROM files.files").Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	// The session's hint of queue default is at the last row, as if it had
+	// claimed the two before it; they are behind it, pending.
+	_, err := pool.Exec(ctx, `SELECT set_config('pgworker.claim_hints', jsonb_build_object(
+		'at', extract(epoch FROM clock_timestamp()), 'n', 0,
+		'q', jsonb_build_object('default', jsonb_build_array(0, $1::bigint)))::text, false)`, last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claim.New(pool, &claim.Config{Idle: []string{"n:1:0", "n:1:1"}, SafetyNet: time.Hour})
+	col := newCollector()
+	run(t, c, col.deliver)
+	first := col.next(t, "the first claim")
+	second := col.next(t, "a row behind the hint, with no doorbell")
+	if first.ID == second.ID {
+		t.Fatalf("row %d delivered twice", first.ID)
+	}
+	if first.ID == last {
+		// The usual case: the first claim took the row at the hint alone.
+		if s := c.Stats(); s.SafetyWakes != 1 || s.Claims != 2 {
+			t.Fatalf("stats: %+v, want the second claim woken by a look", s)
+		}
+	} // else the first claim came a second after the hints were set, and searched the whole range
+}
+
 // Connection errors back off, log once, and claiming resumes by itself.
 func TestRunSurvivesConnectionErrors(t *testing.T) {
 	t.Parallel()

@@ -225,15 +225,18 @@ func TestClaimHintEmptySearchLooksEverywhere(t *testing.T) {
 	}
 }
 
-// TestClaimHintShortSearchLooksEverywhere: a claim that the rows past the
-// hint cannot fill takes the row behind it too (a worker that gets fewer
-// rows than it asked for waits for a notification), in both claim
-// functions.
-func TestClaimHintShortSearchLooksEverywhere(t *testing.T) {
+// TestClaimHintShortSearchLeavesWhatIsBehind: a claim that finds rows past
+// the hint, fewer than it asked for, does not read the rows behind it (their
+// entries are those a held snapshot keeps, which the hints are for); the
+// next claim that finds nothing past the hint searches the whole range and
+// takes the row behind it, in both claim functions. pgworker run looks once
+// more a second after such a short claim (TestRunLooksAgainAfterAShortHintedClaim).
+func TestClaimHintShortSearchLeavesWhatIsBehind(t *testing.T) {
 	t.Parallel()
 	conn := hintConn(t, pgtest.URL(t))
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
 	for _, batch := range []bool{false, true} {
+		mustExec(t, conn, "SELECT set_config('pgworker.claim_hints', '', false)") // no hints left by the round before
 		first := claimOn(t, conn, "w1", 4)
 		more := claimOn(t, conn, "w1", 4) // the hint moves past the eighth row
 		if len(first) != 4 || len(more) != 4 {
@@ -241,28 +244,48 @@ func TestClaimHintShortSearchLooksEverywhere(t *testing.T) {
 		}
 		behind := first[0]
 		mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", behind.ID, behind.Attempt, behind.Token)
+		// The session searches the whole range a second after its last
+		// whole-range search: the short claim comes right after it.
+		mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', jsonb_set(current_setting('pgworker.claim_hints')::jsonb,
+			'{at}', to_jsonb(extract(epoch FROM clock_timestamp())))::text, false)`)
+		claimFor := func(workers []string) []claimed {
+			if batch {
+				return claimBatchOn(t, conn, workers)
+			}
+			return claimOn(t, conn, workers[0], len(workers))
+		}
+		short := claimFor([]string{"w2", "w3", "w4", "w5"})
+		var sinceWhole int
+		if err := conn.QueryRow(context.Background(),
+			"SELECT (current_setting('pgworker.claim_hints')::jsonb ->> 'n')::int").Scan(&sinceWhole); err != nil {
+			t.Fatal(err)
+		}
 		var got []claimed
-		if batch {
-			got = claimBatchOn(t, conn, []string{"w2", "w3", "w4", "w5"})
+		if sinceWhole == 0 {
+			// A stall of a second between two statements made it a
+			// whole-range search, which takes the row behind the hint too.
+			t.Logf("batch %v: the short claim searched the whole range", batch)
+			if len(short) != 3 {
+				t.Fatalf("batch %v: a whole-range search claimed %+v, want 3 rows", batch, short)
+			}
 		} else {
-			got = claimOn(t, conn, "w2", 4)
-		}
-		ids := map[int64]bool{}
-		for _, r := range got {
-			ids[r.ID] = true
-		}
-		if len(got) != 3 || !ids[behind.ID] {
-			t.Fatalf("batch %v: claimed %+v, want the 2 rows past the hint and row %d behind it", batch, got, behind.ID)
+			if len(short) != 2 || short[0].ID == behind.ID || short[1].ID == behind.ID {
+				t.Fatalf("batch %v: claimed %+v, want the 2 rows past the hint and not row %d behind it", batch, short, behind.ID)
+			}
+			got = claimFor([]string{"w6", "w7"})
+			if len(got) != 1 || got[0].ID != behind.ID {
+				t.Fatalf("batch %v: claimed %+v, want row %d behind the hint", batch, got, behind.ID)
+			}
 		}
 		// Put everything back for the other claim function.
-		for _, r := range got {
-			w := "w2"
-			if batch {
+		for _, set := range [][]claimed{short, got} {
+			for _, r := range set {
+				var w string
 				if err := conn.QueryRow(context.Background(), "SELECT worker_id FROM files.files WHERE id = $1", r.ID).Scan(&w); err != nil {
 					t.Fatal(err)
 				}
+				mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", r.ID, w, r.Attempt, r.Token)
 			}
-			mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", r.ID, w, r.Attempt, r.Token)
 		}
 		for _, r := range append(first[1:], more...) {
 			mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)

@@ -652,8 +652,13 @@ COMMENT ON FUNCTION files.output_keys(jsonb) IS
 -- their pages are still read until vacuum clears them. A hint is never
 -- trusted to be a bound: rows behind it are found by the whole-range search
 -- that runs at least once a second and every 64th claim, and by any search
--- whose rows past the hint fall short. When that whole-range search is fast
--- again, the session drops its hints.
+-- that finds nothing past the hints. A search that finds rows past them but
+-- fewer than it was asked for does not read behind them, where the entries
+-- the hints skip are (read at every such claim, they cost a worker that
+-- keeps up more with each minute the snapshot is held); pgworker run claims
+-- once more a second after such an answer if nothing else has claimed
+-- meanwhile. When the whole-range search is fast again, the session drops
+-- its hints.
 
 CREATE FUNCTION files.pick(queues text[], n integer, rooms integer[] DEFAULT NULL, prefer boolean DEFAULT false)
 RETURNS bigint[]
@@ -706,37 +711,17 @@ BEGIN
             v_full := true;
         END;
     END IF;
-    IF v_full THEN
-        -- A whole-range search: per queue, in claim order, one range of
-        -- files_claim_idx from its start. The pages it reads are counted
-        -- by the server's statistics of this session.
-        v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass);
-        SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
-               array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
-               array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
-        INTO v_rows, v_names, v_prios
-        FROM (
-            SELECT q.name, q.ord, l.id, l.priority
-            FROM unnest(pick.queues, pick.rooms) WITH ORDINALITY AS q(name, room, ord)
-            CROSS JOIN LATERAL (
-                SELECT f.id, f.priority FROM files.files f
-                WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
-                ORDER BY f.priority DESC, f.id
-                LIMIT least(pick.n, q.room)
-                FOR UPDATE SKIP LOCKED) l
-            ORDER BY CASE WHEN pick.prefer THEN q.ord END, l.priority DESC, l.id
-            LIMIT pick.n
-        ) b;
-    ELSE
+    IF NOT v_full THEN
         -- Per queue, in claim order: rows of a higher priority than the hint,
-        -- rows of its priority from its id on, rows of a lower priority, and
-        -- last the rows of its priority behind the hint. For a queue with no
-        -- hint yet, its whole range. Each part is an index range scan of
-        -- files_claim_idx, so a hinted search starts past the entries of the
-        -- rows this session claimed before. The part behind the hint is read
-        -- only when the others came back short, in the same statement: a
-        -- short answer still means that nothing else is claimable (a worker
-        -- then waits for a notification).
+        -- rows of its priority from its id on, and rows of a lower priority.
+        -- For a queue with no hint yet, its whole range. Each part is an
+        -- index range scan of files_claim_idx, so a hinted search starts
+        -- past the entries of the rows this session claimed before. The rows
+        -- of the hint's priority behind it are not read here: their entries
+        -- are what the hints are for (every row claimed while the snapshot
+        -- is held), and reading them whenever the rows past the hint fell
+        -- short cost most claims of a worker that keeps up as much as a
+        -- whole-range search, more with each minute the snapshot is held.
         WITH picked AS (
             SELECT q.name, q.ord, l.id, l.priority
             FROM unnest(pick.queues, v_hp, v_hid, pick.rooms) WITH ORDINALITY AS q(name, hp, hid, room, ord)
@@ -769,19 +754,6 @@ BEGIN
                         ORDER BY f.priority DESC, f.id
                         LIMIT least(pick.n, q.room)
                         FOR UPDATE SKIP LOCKED) below
-                    UNION ALL
-                    -- Behind the hint: read only when the parts before it
-                    -- came back short (the Append stops once the limit is
-                    -- reached), so a short answer still means that nothing
-                    -- else is claimable. Empty without a hint.
-                    SELECT * FROM (
-                        SELECT f.id, f.priority FROM files.files f
-                        WHERE f.state = 'pending' AND f.queue = q.name
-                          AND f.priority BETWEEN coalesce(q.hp, 2147483647) AND coalesce(q.hp, 2147483647)
-                          AND f.id < coalesce(q.hid, -9223372036854775808) AND f.run_after <= now()
-                        ORDER BY f.priority DESC, f.id
-                        LIMIT least(pick.n, q.room)
-                        FOR UPDATE SKIP LOCKED) behind
                 ) a
                 LIMIT least(pick.n, q.room)
             ) l
@@ -796,6 +768,39 @@ BEGIN
                array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
         INTO v_rows, v_names, v_prios
         FROM best b;
+        -- Nothing past the hints: a whole-range search, which reads the
+        -- rows behind them too. So an empty answer still means that nothing
+        -- is claimable (a worker then waits for a notification). An answer
+        -- with rows but fewer than n means that nothing more is claimable
+        -- past the hints; a row behind one (a retry, release, reap or
+        -- rolled-back claim, or an insert that committed after rows of
+        -- larger ids) waits for the next whole-range search: the session's
+        -- next claim a second after its last one, or its 64th, or one that
+        -- finds nothing past the hints. pgworker run claims once more a
+        -- second after such an answer if nothing else has claimed meanwhile.
+        v_full := v_rows IS NULL;
+    END IF;
+    IF v_full THEN
+        -- A whole-range search: per queue, in claim order, one range of
+        -- files_claim_idx from its start. The pages it reads are counted
+        -- by the server's statistics of this session.
+        v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass);
+        SELECT array_agg(b.id ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+               array_agg(b.name ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id),
+               array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
+        INTO v_rows, v_names, v_prios
+        FROM (
+            SELECT q.name, q.ord, l.id, l.priority
+            FROM unnest(pick.queues, pick.rooms) WITH ORDINALITY AS q(name, room, ord)
+            CROSS JOIN LATERAL (
+                SELECT f.id, f.priority FROM files.files f
+                WHERE f.state = 'pending' AND f.queue = q.name AND f.run_after <= now()
+                ORDER BY f.priority DESC, f.id
+                LIMIT least(pick.n, q.room)
+                FOR UPDATE SKIP LOCKED) l
+            ORDER BY CASE WHEN pick.prefer THEN q.ord END, l.priority DESC, l.id
+            LIMIT pick.n
+        ) b;
     END IF;
 
     -- After a whole-range search, whether it was slow: whether it read at
@@ -841,10 +846,11 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'such a search reads pgworker.claim_hint_pages pages of the index or more (default 50, and one more per 100 rows of '
     'n); from then '
     'on it starts each queue''s search past the last row this session took (setting pgworker.claim_hints), searches '
-    'whole ranges at least once a second and every 64th claim, dropping the hints when one is fast, and reads the rows '
-    'behind a hint whenever those past it fall short of n. So a row that becomes claimable behind a hint (a retry, '
-    'release, reap or rolled-back claim) waits at most that long while others are claimable, and a short answer means '
-    'nothing else is claimable.';
+    'whole ranges at least once a second and every 64th claim and whenever nothing past the hints is claimable, '
+    'dropping the hints when one is fast. So an empty answer means nothing is claimable; a short one, while the session '
+    'keeps hints, that nothing more is claimable past them: a row that becomes claimable behind a hint (a retry, '
+    'release, reap, rolled-back claim or late-committing insert) waits for the next whole-range search, and a caller '
+    'that got a short answer with hints kept should claim once more if it has not claimed again within a second.';
 
 -- Fleet-wide caps (files.queues.max_running) and fair share between batches
 -- (files.queues.fair_share), for the claims. A claim pays for them only when
