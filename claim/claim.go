@@ -211,7 +211,6 @@ type Claimer struct {
 	lastErr string
 
 	scratch []Row // the rows of the last claim, delivered; Run's alone
-	hinted  bool  // the last claim's session keeps claim hints; Run's alone
 
 	freed       chan struct{} // a slot became idle
 	rescheduled chan struct{} // wakes changed
@@ -263,7 +262,9 @@ func New(pool *pgxpool.Pool, cfg *Config) *Claimer {
 // yet: rows the database shows as held by an idle slot may be on their way.
 func (c *Claimer) InFlight() bool { return c.inFlight.Load() > 0 }
 
-func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) {
+// claim sends one claim for workerIDs and returns its rows, and whether its
+// session keeps claim hints (files.pick) after it.
+func (c *Claimer) claim(ctx context.Context, workerIDs []string) (rows []Row, hinted bool, err error) {
 	defer c.claims.Add(1) // counted once answered, so that a count includes its outcome
 	sql, ids := sqlClaim, any(workerIDs)
 	if len(workerIDs) == 1 {
@@ -271,7 +272,7 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 	}
 	rs, err := c.pool.Query(ctx, sql, ids, c.queues, c.key, c.prefer)
 	if err != nil {
-		return nil, c.countErr(err)
+		return nil, false, c.countErr(err)
 	}
 	defer rs.Close()
 	// At most one row per slot, appended to the rows of the last claim,
@@ -286,14 +287,13 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		priority, attempt, maxAttempts int32
 		queue, token                   pgtype.DriverBytes
 		lastQueue, lastToken           string
-		hinted                         bool
 	)
 	dest := []any{&r.ID, &queue, &priority, &r.Source, &r.Payload, &attempt, &maxAttempts,
 		&r.WorkerID, &r.CreatedAt, &r.ClaimedAt, &r.LeaseExpiresAt, &r.LastError, &token, &hinted}
 	for rs.Next() {
 		r = Row{}
 		if err := rs.Scan(dest...); err != nil {
-			return nil, c.countErr(fmt.Errorf("claim: scan row: %w", err))
+			return nil, false, c.countErr(fmt.Errorf("claim: scan row: %w", err))
 		}
 		r.Priority, r.Attempt, r.MaxAttempts = int(priority), int(attempt), int(maxAttempts)
 		lastQueue, lastToken = spelled(lastQueue, queue), spelled(lastToken, token)
@@ -301,16 +301,15 @@ func (c *Claimer) claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 		out = append(out, r)
 	}
 	c.scratch = out
-	c.hinted = hinted
 	if err := rs.Err(); err != nil {
 		// The rows read so far are not committed: the statement failed as a whole.
-		return nil, c.countErr(err)
+		return nil, false, c.countErr(err)
 	}
 	c.rows.Add(uint64(len(out)))
 	if len(out) == 0 {
 		c.races.Add(1)
 	}
-	return out, nil
+	return out, hinted, nil
 }
 
 // spelled returns last when b spells it, else b as a new string.
@@ -474,7 +473,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		c.inFlight.Add(1)
 		// Not cancelled with ctx: a claim committed on the server must reach its slots.
 		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		rows, err := c.claim(qctx, ids)
+		rows, hinted, err := c.claim(qctx, ids)
 		cancel()
 		c.giveBack(ids, rows)
 		for _, r := range rows {
@@ -487,7 +486,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 			// Short, on a session that keeps hints: rows behind them were
 			// not read. Any claim that answers moves or ends this look.
 			again = time.Time{}
-			if c.hinted && len(rows) > 0 && len(rows) < len(ids) {
+			if hinted && len(rows) > 0 && len(rows) < len(ids) {
 				again = started.Add(lookAgain)
 			}
 		}

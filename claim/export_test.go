@@ -13,7 +13,7 @@ func (c *Claimer) Claim(ctx context.Context, workerIDs []string) ([]Row, error) 
 	if len(workerIDs) == 0 {
 		return nil, nil
 	}
-	rows, err := c.claim(ctx, workerIDs)
+	rows, _, err := c.claim(ctx, workerIDs)
 	if err != nil && !RaceLost(err) {
 		return nil, err
 	}
