@@ -504,6 +504,7 @@ func TestLongTx(t *testing.T) {
 	}{
 		{"fixed rate", bench.LongTxConfig{Rate: 200, Slots: 4, Phase: time.Second, SampleEvery: 400 * time.Millisecond}},
 		{"peak", bench.LongTxConfig{Depth: 50, Slots: 4, Phase: time.Second, SampleEvery: 400 * time.Millisecond}},
+		{"processes", bench.LongTxConfig{Rate: 200, Processes: 3, Slots: 2, Phase: time.Second, SampleEvery: 400 * time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -513,7 +514,10 @@ func TestLongTx(t *testing.T) {
 				t.Fatal(err)
 			}
 			m := shape(t, res, "long-tx")
-			positive(t, m, "rows", "slots", "phase_sec")
+			positive(t, m, "rows", "slots", "processes", "phase_sec")
+			if want := max(tc.cfg.Processes, 1); res.Processes != want {
+				t.Errorf("processes %d, want %d", res.Processes, want)
+			}
 			var names []string
 			for i, p := range res.Phases {
 				names = append(names, p.Name)

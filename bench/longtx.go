@@ -11,6 +11,11 @@ type LongTxConfig struct {
 	Slots int
 	// MaxConns of the worker's pool. Defaults to 8.
 	MaxConns int
+	// Processes is how many worker runtimes run, each of Slots slots with a
+	// pool of MaxConns and a LISTEN connection of its own, as separate
+	// processes would have: every notification wakes each of them. Defaults
+	// to 1.
+	Processes int
 	// Rate of inserted rows per second, at a fixed pace. Defaults to 1,000
 	// unless Depth is set.
 	Rate float64
@@ -31,11 +36,12 @@ type LongTxConfig struct {
 // LongTxResult is what LongTx measured: each phase's sums and the samples.
 type LongTxResult struct {
 	Setup
-	Slots    int     `json:"slots"`
-	MaxConns int     `json:"max_conns"`
-	Rate     float64 `json:"rate"`  // 0 in peak mode
-	Depth    int     `json:"depth"` // 0 at a fixed rate
-	PhaseSec float64 `json:"phase_sec"`
+	Slots     int     `json:"slots"`
+	MaxConns  int     `json:"max_conns"`
+	Processes int     `json:"processes"`
+	Rate      float64 `json:"rate"`  // 0 in peak mode
+	Depth     int     `json:"depth"` // 0 at a fixed rate
+	PhaseSec  float64 `json:"phase_sec"`
 	// Rows is the rows inserted in all; every one ended done unless
 	// Undrained says otherwise.
 	Rows int64 `json:"rows"`
@@ -65,6 +71,7 @@ func (b *Bench) LongTx(ctx context.Context, cfg *LongTxConfig) (*LongTxResult, e
 	}
 	c.Slots = orDefault(c.Slots, 16)
 	c.MaxConns = orDefault(c.MaxConns, 8)
+	c.Processes = orDefault(c.Processes, 1)
 	if c.Depth <= 0 {
 		c.Rate = orDefault(c.Rate, 1000)
 	} else {
@@ -74,7 +81,7 @@ func (b *Bench) LongTx(ctx context.Context, cfg *LongTxConfig) (*LongTxResult, e
 	c.SampleEvery = orDefault(c.SampleEvery, 5*time.Second)
 	c.Drain = orDefault(c.Drain, 5*time.Minute)
 	out, err := b.steady(ctx, steadyConfig{
-		mode: "long-tx", slots: c.Slots, maxConns: c.MaxConns, rate: c.Rate, depth: c.Depth,
+		mode: "long-tx", slots: c.Slots, maxConns: c.MaxConns, processes: c.Processes, rate: c.Rate, depth: c.Depth,
 		sampleEvery: c.SampleEvery, drain: c.Drain,
 		phases: []steadyPhase{
 			{name: "clean", duration: c.Phase},
@@ -86,7 +93,7 @@ func (b *Bench) LongTx(ctx context.Context, cfg *LongTxConfig) (*LongTxResult, e
 		return nil, err
 	}
 	res := &LongTxResult{
-		Setup: b.setup("long-tx"), Slots: c.Slots, MaxConns: c.MaxConns, Rate: c.Rate, Depth: c.Depth,
+		Setup: b.setup("long-tx"), Slots: c.Slots, MaxConns: c.MaxConns, Processes: c.Processes, Rate: c.Rate, Depth: c.Depth,
 		PhaseSec: c.Phase.Seconds(), Rows: out.rows, Undrained: out.undrained, Phases: out.phases, Samples: out.samples,
 	}
 	if clean := out.phases[0].RowsPerSec; clean > 0 {

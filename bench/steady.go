@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,7 @@ type steadyConfig struct {
 	mode        string
 	slots       int
 	maxConns    int
+	processes   int     // worker runtimes, each of slots slots; 0 is 1
 	rate        float64 // rows per second; 0 with depth: peak mode
 	depth       int     // peak mode: the backlog the producer keeps
 	sampleEvery time.Duration
@@ -243,26 +245,31 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		if track == "none" {
 			params = map[string]string{"track_functions": "pl"}
 		}
-		wpool, err := b.workerPool(ctx, c.maxConns, params)
-		if err != nil {
-			return err
-		}
-		defer wpool.Close()
 		h := &steadyHandler{}
 		outcomes := &outcomeCount{}
-		w, err := b.startWorker(ctx, wpool, c.mode, worker.Config{Handler: h, Slots: c.slots, Observer: outcomes})
-		if err != nil && params != nil && isPrivilege(err) {
-			// Not a superuser: run without the server's claim times.
-			wpool.Close()
-			if wpool, err = b.workerPool(ctx, c.maxConns, nil); err != nil {
+		// Each process a worker runtime with a pool and a LISTEN connection
+		// of its own, as separate processes would have.
+		var ws []*worker.Worker
+		var pools []*pgxpool.Pool
+		defer func() {
+			for _, w := range ws {
+				stopWorker(w)
+			}
+			for _, p := range pools {
+				p.Close()
+			}
+		}()
+		for i := range max(c.processes, 1) {
+			name := c.mode
+			if c.processes > 1 {
+				name += "-" + strconv.Itoa(i+1)
+			}
+			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, params, h, outcomes)
+			if err != nil {
 				return err
 			}
-			w, err = b.startWorker(ctx, wpool, c.mode, worker.Config{Handler: h, Slots: c.slots, Observer: outcomes})
+			ws, pools = append(ws, w), append(pools, wpool)
 		}
-		if err != nil {
-			return err
-		}
-		defer stopWorker(w)
 
 		// The producer, the snapshot holder and the pruner have a pool of
 		// their own.
@@ -282,7 +289,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 			pruning.Go(func() { pr.every(pctx, c.pruneEvery) })
 		}
 
-		s := &sampler{b: b, h: h, w: w, outcomes: outcomes, prod: prod, t0: time.Now()}
+		s := &sampler{b: b, h: h, ws: ws, outcomes: outcomes, prod: prod, t0: time.Now()}
 		if err := s.begin(ctx); err != nil {
 			return err
 		}
@@ -337,6 +344,29 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		return nil, err
 	}
 	return res, nil
+}
+
+// steadyWorker starts one worker runtime of a steady run, with a pool of its
+// own, and the server's claim times when the role may ask for them.
+func (b *Bench) steadyWorker(ctx context.Context, name string, slots, conns int, params map[string]string,
+	h *steadyHandler, outcomes *outcomeCount) (*worker.Worker, *pgxpool.Pool, error) {
+	cfg := worker.Config{Handler: h, Slots: slots, Observer: outcomes}
+	for {
+		wpool, err := b.workerPool(ctx, conns, params)
+		if err != nil {
+			return nil, nil, err
+		}
+		w, err := b.startWorker(ctx, wpool, name, cfg)
+		if err == nil {
+			return w, wpool, nil
+		}
+		wpool.Close()
+		if params == nil || !isPrivilege(err) {
+			return nil, nil, err
+		}
+		// Not a superuser: run without the server's claim times.
+		params = nil
+	}
 }
 
 // steadyPhase runs one phase, holding a snapshot through it if it says so.
@@ -445,7 +475,7 @@ func (p *pruner) prune(ctx context.Context) error {
 type sampler struct {
 	b        *Bench
 	h        *steadyHandler
-	w        *worker.Worker
+	ws       []*worker.Worker
 	outcomes *outcomeCount
 	prod     *producer
 	t0       time.Time
@@ -464,6 +494,15 @@ type sampler struct {
 	depthMax            int64
 }
 
+// claims is the claims the workers sent.
+func (s *sampler) claims() uint64 {
+	var n uint64
+	for _, w := range s.ws {
+		n += w.Stats().Claims
+	}
+	return n
+}
+
 func (s *sampler) begin(ctx context.Context) error {
 	s.last = time.Now()
 	s.t0 = s.last
@@ -476,7 +515,7 @@ func (s *sampler) phaseStart(name string) time.Time {
 	now := time.Now()
 	s.phaseAt = now
 	s.phaseDone, s.phaseIns = int64(s.outcomes.count()), s.prod.inserted.Load()
-	s.phaseClaims = s.w.Stats().Claims
+	s.phaseClaims = s.claims()
 	s.phaseFn, _ = s.b.functionStats(context.Background())
 	s.phaseStats, _ = s.b.tableStats(context.Background())
 	s.depthMax = 0
@@ -486,8 +525,11 @@ func (s *sampler) phaseStart(name string) time.Time {
 
 func (s *sampler) sample(ctx context.Context) error {
 	now := time.Now()
+	// Started before inserted: a row is counted inserted before it can be
+	// started, so read in this order the depth is never below zero.
+	started := s.h.started.Load()
 	done, ins := int64(s.outcomes.count()), s.prod.inserted.Load()
-	depth := ins - s.h.started.Load()
+	depth := ins - started
 	st, err := s.b.tableStats(ctx)
 	if err != nil {
 		return err
@@ -506,6 +548,7 @@ func (s *sampler) sample(ctx context.Context) error {
 
 func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, error) {
 	secs := time.Since(start).Seconds()
+	started := s.h.started.Load() // before inserted, as in sample
 	done, ins := int64(s.outcomes.count()), s.prod.inserted.Load()
 	st, err := s.b.tableStats(ctx)
 	if err != nil {
@@ -514,8 +557,8 @@ func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, 
 	pr := &PhaseResult{
 		Name: s.phase, Seconds: round(secs, 1),
 		RowsPerSec: round(float64(done-s.phaseDone)/secs, 1), InsertedPerSec: round(float64(ins-s.phaseIns)/secs, 1),
-		Pickup: percentiles(s.h.takePhase()), DepthEnd: ins - s.h.started.Load(), DepthMax: s.depthMax,
-		Claims: s.w.Stats().Claims - s.phaseClaims, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
+		Pickup: percentiles(s.h.takePhase()), DepthEnd: ins - started, DepthMax: s.depthMax,
+		Claims: s.claims() - s.phaseClaims, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
 	}
 	if fn, err := s.b.functionStats(ctx); err == nil && s.phaseFn != nil {
 		calls := fn["claim"].calls + fn["claim_batch"].calls - s.phaseFn["claim"].calls - s.phaseFn["claim_batch"].calls

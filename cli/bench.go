@@ -296,12 +296,14 @@ redirection.`,
 			"pgworker bench pipeline --input-store file:///tmp/in --output-store file:///tmp/out --rows 500 --json",
 	},
 	"long-tx": {
-		name: "bench long-tx", args: "[--rate R | --depth N] [--slots N] [--phase D] [--json] [flags]",
+		name: "bench long-tx", args: "[--rate R | --depth N] [--slots N] [--processes N] [--phase D] [--json] [flags]",
 		help: `
-Runs a producer and a worker runtime of --slots slots (one process, no-op
-handler) through three phases of --phase each: clean; idle-in-tx, where a
-REPEATABLE READ transaction on a connection of its own holds its snapshot
-open, so that no dead row of files.files can be removed; and recovery. The
+Runs a producer and a worker runtime of --slots slots (no-op handler; with
+--processes N, N runtimes in this process, each with its own pool and LISTEN
+connection as separate processes would have) through three phases of
+--phase each: clean; idle-in-tx, where a REPEATABLE READ transaction on a
+connection of its own holds its snapshot open, so that no dead row of
+files.files can be removed; and recovery. The
 producer inserts --rate rows per second, or with --depth keeps that many rows
 waiting (peak mode: the worker runs as fast as it can). Every --sample-every
 it samples rows/s, pickup (the row's created_at to its handler's start) p50
@@ -311,7 +313,7 @@ drain and checks that every row ended done. JSON: phases (rows_per_sec,
 pickup, depth_end, depth_max, claim_ms: the server's mean time per claim,
 end: the table's statistics), held_over_clean, recovery_over_clean,
 samples.`,
-		examples: "pgworker bench long-tx --rate 1000 --slots 16\npgworker bench long-tx --depth 5000 --slots 64 --phase 60s --json",
+		examples: "pgworker bench long-tx --rate 1000 --slots 16\npgworker bench long-tx --rate 200 --processes 4 --slots 4\npgworker bench long-tx --depth 5000 --slots 64 --phase 60s --json",
 	},
 	"soak": {
 		name: "bench soak", args: "[--duration D] [--rate R] [--slots N] [--prune-every D] [--json] [flags]",
@@ -478,8 +480,9 @@ func (f *benchFlags) add(fs *flagSet) {
 		fs.StringVar(&f.outputStore, "output-store", "", "`URL` for the outputs: s3://bucket/prefix or file:///dir")
 		fs.env("output-store", "PGWORKER_OUTPUT_STORE")
 	case "long-tx":
-		fs.IntVar(&f.slots, "slots", 16, "`N` slots of the worker")
-		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in the worker's pool")
+		fs.IntVar(&f.slots, "slots", 16, "`N` slots of each worker")
+		fs.IntVar(&f.maxConns, "max-conns", 8, "`N` connections in each worker's pool")
+		fs.IntVar(&f.processes, "processes", 1, "`N` worker runtimes, each with its own connections")
 		fs.Float64Var(&f.rate, "rate", 1000, "rows inserted per second (unless --depth)")
 		fs.IntVar(&f.depth, "depth", 0, "peak mode: keep `N` rows waiting instead of a fixed rate")
 		fs.DurationVar(&f.phase, "phase", 90*time.Second, "length of each phase: clean, idle-in-tx, recovery")
@@ -630,7 +633,7 @@ func (c *CLI) runBench(ctx context.Context, inv *invocation, b *bench.Bench, f *
 		return benchPipeline(ctx, b, inv.logger(), &bench.PipelineConfig{Rows: f.rows, Slots: f.slots, ObjectSize: f.size, Rounds: f.rounds, Exec: f.execCmd},
 			f.inputStore, f.outputStore)
 	case "long-tx":
-		return b.LongTx(ctx, &bench.LongTxConfig{Slots: f.slots, MaxConns: f.maxConns, Rate: f.rate, Depth: f.depth,
+		return b.LongTx(ctx, &bench.LongTxConfig{Slots: f.slots, MaxConns: f.maxConns, Processes: f.processes, Rate: f.rate, Depth: f.depth,
 			Phase: f.phase, SampleEvery: f.sampleEvery})
 	case "soak":
 		return b.Soak(ctx, &bench.SoakConfig{Duration: f.duration, Rate: f.rate, Slots: f.slots, MaxConns: f.maxConns,
@@ -796,7 +799,11 @@ func benchText(res any) string {
 		if r.Undrained > 0 {
 			done = fmt.Sprintf("%d not done when the drain gave up", r.Undrained)
 		}
-		fmt.Fprintf(&b, "long-tx: %s, %d slots, phases of %gs; %d rows, %s\n", load, r.Slots, r.PhaseSec, r.Rows, done)
+		slots := fmt.Sprintf("%d slots", r.Slots)
+		if r.Processes > 1 {
+			slots = fmt.Sprintf("%d processes of %d slots", r.Processes, r.Slots)
+		}
+		fmt.Fprintf(&b, "long-tx: %s, %s, phases of %gs; %d rows, %s\n", load, slots, r.PhaseSec, r.Rows, done)
 		for _, p := range r.Phases {
 			fmt.Fprintf(&b, "  %-10s %7.0f rows/s, pickup p50 %.1f ms p99 %.1f ms, depth at end %d (max %d), claim %.3f ms, "+
 				"dead tuples %d, table %s, claim index %s\n", p.Name, p.RowsPerSec, p.Pickup.P50MS, p.Pickup.P99MS,

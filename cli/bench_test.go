@@ -28,7 +28,7 @@ func TestBenchHelp(t *testing.T) {
 		"notify":      {"--rate", "--duration", "queue", "enqueue"},
 		"enqueue":     {"--rows N", "--chunk-size N"},
 		"pipeline":    {"--input-store URL", "[$PGWORKER_INPUT_STORE]", "--output-store URL", "--exec COMMAND", "--size BYTES"},
-		"long-tx":     {"--rate", "--depth N", "--slots N", "--phase", "--sample-every"},
+		"long-tx":     {"--rate", "--depth N", "--slots N", "--processes N", "--phase", "--sample-every"},
 		"soak":        {"--duration", "--rate", "--slots N", "--prune-every", "--keep"},
 	} {
 		out := ok(t, "", "", "bench", mode, "--help")
@@ -57,6 +57,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"bench", "pipeline", "--input-store", "ftp://x", "--output-store", "s3://b"}, `--input-store "ftp://x"`},
 		{[]string{"bench", "enqueue"}, "missing database URL"},
 		{[]string{"bench", "long-tx", "--rate", "0"}, "--rate must be above 0"},
+		{[]string{"bench", "long-tx", "--processes", "0"}, "--processes must be between 1"},
 		{[]string{"bench", "notify", "--rate", "-5"}, "--rate must be above 0"},
 		{[]string{"bench", "notify", "--duration", "0s"}, "--duration must be positive"},
 		{[]string{"bench", "long-tx", "--phase", "10ms"}, "--phase must be at least 1s"},
