@@ -11,11 +11,12 @@
 // claim for every idle slot. It never polls at a fixed cadence: an idle
 // process sends no claim query but the safety net's, and each wake-up sends
 // one claim, followed by another only when the first filled every slot it
-// named, or, while the session of a short claim keeps claim hints (a long
-// transaction holds back vacuum: files.pick), by one more a second later if
-// nothing else has claimed meanwhile. With Config.Cooldown, a wake-up
-// within the cooldown of the last claim waits for its end, and one claim
-// takes what came meanwhile.
+// named, or, after a short or empty claim while the sessions keep claim
+// hints (a long transaction holds back vacuum: files.pick), by one more a
+// second later if nothing else has claimed meanwhile, and after a look that
+// found fewer again by another at twice the wait, until the safety net's.
+// With Config.Cooldown, a wake-up within the cooldown of the last claim
+// waits for its end, and one claim takes what came meanwhile.
 //
 // A lost race (no rows, or SQLSTATE 40001 or 40P01 under stricter isolation)
 // only means "wait again": it is counted, never reported as an error.
@@ -83,13 +84,15 @@ const (
 // query behind it.
 const minAsk = 2
 
-// lookAgain is how long after a claim that found rows, fewer than it asked
-// for, on a session that keeps claim hints, the claimer looks once more if
-// it has not claimed meanwhile. Such a claim does not read the rows behind
-// its hints (files.pick: their entries are those a held snapshot keeps), so
-// a row that became claimable there (a retry, a release, an insert that
-// committed late) waits for a whole-range search: one of the session's
-// claims a second after its last, or this look.
+// lookAgain is how long after a claim that found fewer rows than it asked
+// for, none included, while the sessions keep claim hints, the claimer
+// looks once more if it has not claimed meanwhile; a look that finds fewer
+// too is followed by another after twice as long, until the wait reaches
+// the safety net's. Such a claim does not read the rows behind its hints
+// (files.pick: their entries are those a held snapshot keeps), so a row
+// that became claimable there (a retry, a release, an insert that
+// committed late) waits for the session's next whole-range search: its
+// first claim once that is due, a second or more after its last.
 const lookAgain = time.Second
 
 // minQuiet is the shortest rest of a cooldown for which the claimer asks
@@ -185,7 +188,7 @@ type Stats struct {
 	RacesLost     uint64 // claims that got nothing: no rows, 40001 or 40P01
 	Serialization uint64 // of those, the 40001 and 40P01 errors
 	Errors        uint64 // claims that failed otherwise (connection errors...)
-	SafetyWakes   uint64 // wake-ups by the safety net, a WakeAt time or a look after a short claim with hints
+	SafetyWakes   uint64 // wake-ups by the safety net, a WakeAt time or a look after a short or empty claim with hints
 	Deferred      uint64 // claims held back until the cooldown ended
 	IdleSlots     int    // slots waiting for a row
 	LastClaimErr  string // the last error, empty once a claim succeeds again
@@ -423,7 +426,10 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 	races, failures := 0, 0
 	var downSince, lastStart time.Time
 	var heldBack time.Time // the lastStart of the claim after which one was held back
-	var again time.Time    // when to look once more after a short claim with hints (lookAgain)
+	var again time.Time    // when to look once more after a short or empty claim with hints (lookAgain)
+	look := lookAgain      // the wait before that look
+	looking := false       // the claim about to be sent is that look
+	hints := false         // whether the last claim that found rows left its session with hints
 	followUp := true       // the claim at start is not held back
 
 	for {
@@ -433,6 +439,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 				return nil
 			case <-c.doorbell:
 				pending = true
+				looking = false
 			case <-c.freed:
 			case <-c.rescheduled:
 				timer.Reset(c.untilWake(again))
@@ -441,6 +448,7 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 				pending = true
 				if !again.IsZero() && !time.Now().Before(again) {
 					again = time.Time{} // the claim this wake-up sends looks
+					looking = true
 				}
 				timer.Reset(c.safetyNet)
 			}
@@ -483,13 +491,27 @@ func (c *Claimer) Run(ctx context.Context, deliver func(Row)) error {
 		c.inFlight.Add(-1)
 		c.dropWakes(started)
 		if err == nil {
-			// Short, on a session that keeps hints: rows behind them were
-			// not read. Any claim that answers moves or ends this look.
+			// Short or empty while the sessions keep hints: rows behind them
+			// may not have been read. An empty answer says nothing of its
+			// session's hints; those of the last claim that found rows stand
+			// for them (a held snapshot gives every session hints). Any
+			// claim that answers moves or ends this look, and a look that
+			// finds fewer again waits twice as long, until the safety net
+			// would wake the claimer as soon.
+			if len(rows) > 0 {
+				hints = hinted
+			}
+			if !looking {
+				look = lookAgain
+			} else {
+				look *= 2
+			}
 			again = time.Time{}
-			if hinted && len(rows) > 0 && len(rows) < len(ids) {
-				again = started.Add(lookAgain)
+			if hints && len(rows) < len(ids) && look < c.safetyNet {
+				again = started.Add(look)
 			}
 		}
+		looking = false
 		timer.Reset(c.untilWake(again))
 
 		switch {

@@ -255,10 +255,11 @@ func TestRunSafetyNetAndWakeAt(t *testing.T) {
 }
 
 // A claim that finds rows past its session's claim hints, fewer than it
-// asked for, does not read the rows behind them (files.pick): with no
-// doorbell and the safety net an hour away, the claimer looks once more a
-// second later, and that claim, finding nothing past the hints, searches the
-// whole range and takes the row behind them.
+// asked for, or none, does not read the rows behind them (files.pick) until
+// its session's next whole-range search is due: with no doorbell and the
+// safety net an hour away, the claimer looks once more a second later, and
+// again two seconds after a look that found nothing, and the look made once
+// the whole-range search is due takes a row behind the hints.
 func TestRunLooksAgainAfterAShortHintedClaim(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.PoolFor(t, pgtest.URL(t), func(cfg *pgxpool.Config) {
@@ -272,9 +273,10 @@ func TestRunLooksAgainAfterAShortHintedClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The session's hint of queue default is at the last row, as if it had
-	// claimed the two before it; they are behind it, pending.
+	// claimed the two before it; they are behind it, pending, and its next
+	// whole-range search is an hour away.
 	_, err := pool.Exec(ctx, `SELECT set_config('pgworker.claim_hints', jsonb_build_object(
-		'at', extract(epoch FROM clock_timestamp()), 'n', 0,
+		'at', extract(epoch FROM clock_timestamp()), 'next', extract(epoch FROM clock_timestamp()) + 3600,
 		'q', jsonb_build_object('default', jsonb_build_array(0, $1::bigint)))::text, false)`, last)
 	if err != nil {
 		t.Fatal(err)
@@ -282,17 +284,25 @@ func TestRunLooksAgainAfterAShortHintedClaim(t *testing.T) {
 	c := claim.New(pool, &claim.Config{Idle: []string{"n:1:0", "n:1:1"}, SafetyNet: time.Hour})
 	col := newCollector()
 	run(t, c, col.deliver)
-	first := col.next(t, "the first claim")
-	second := col.next(t, "a row behind the hint, with no doorbell")
-	if first.ID == second.ID {
-		t.Fatalf("row %d delivered twice", first.ID)
+	if first := col.next(t, "the first claim"); first.ID != last {
+		t.Fatalf("the first claim took row %d, want row %d at the hint", first.ID, last)
 	}
-	if first.ID == last {
-		// The usual case: the first claim took the row at the hint alone.
-		if s := c.Stats(); s.SafetyWakes != 1 || s.Claims != 2 {
-			t.Fatalf("stats: %+v, want the second claim woken by a look", s)
-		}
-	} // else the first claim came a second after the hints were set, and searched the whole range
+	waitFor(t, "a look that finds nothing", func() bool { return c.Stats().Claims >= 2 })
+	if s := c.Stats(); s.SafetyWakes < 1 || s.Rows != 1 {
+		t.Fatalf("stats: %+v, want a look that found nothing", s)
+	}
+	// The whole-range search is due: the next look, two seconds after the
+	// last, takes a row behind the hint.
+	if _, err := pool.Exec(ctx, `SELECT set_config('pgworker.claim_hints', jsonb_set(current_setting('pgworker.claim_hints')::jsonb,
+		'{next}', '0')::text, false)`); err != nil {
+		t.Fatal(err)
+	}
+	if second := col.next(t, "a row behind the hint, with no doorbell"); second.ID == last {
+		t.Fatalf("row %d delivered twice", last)
+	}
+	if s := c.Stats(); s.SafetyWakes < 2 {
+		t.Fatalf("stats: %+v, want the row taken by a second look", s)
+	}
 }
 
 // Connection errors back off, log once, and claiming resumes by itself.

@@ -221,7 +221,7 @@ var (
 	descRacesLost        = desc("claim_races_lost_total", "Claims that got nothing: other workers took the rows first, or none was left (40001 and 40P01 included).")
 	descSerialization    = desc("claim_serialization_failures_total", "Of the lost races, claims that failed with SQLSTATE 40001 or 40P01.")
 	descClaimErrors      = desc("claim_errors_total", "Claims that failed otherwise (the database unreachable, ...).")
-	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (the safety net, a retry's backoff ending, or a look after a short claim beside a held snapshot).")
+	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (the safety net, a retry's backoff ending, or a look after a short or empty claim beside a held snapshot).")
 	descClaimsDeferred   = desc("claims_deferred_total", "Claims held back until --claim-cooldown ended, so that one claim took the rows announced meanwhile.")
 	descRecordsDeferred  = desc("outcome_records_deferred_total", "Outcome statements held back until --claim-cooldown ended, so that one statement recorded the outcomes that ended meanwhile.")
 	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process after their lease ran out (an operator's cancel counts in rows_cancelled_total); their handlers were cancelled.")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,12 +14,12 @@ import (
 
 // Once a session's whole-range search is slow, its claims start their
 // search where its last claim ended (files.pick). These tests hold rows
-// behind that hint and prove each is still claimed: found by the
-// whole-range search that runs at least every 64th claim of a session, or
-// at once when the hinted search finds nothing. Their sessions keep hints
-// from the first claim on (pgworker.claim_hint_pages = 0: every search is
-// slow); TestClaimHintsStartWhenSearchIsSlow tests when hints start and
-// stop.
+// behind that hint and prove each is still claimed: found by the session's
+// next whole-range search, due a second after its last one or later. They
+// set when it is due (walkDue) rather than wait for it. Their sessions keep
+// hints from the first claim on (pgworker.claim_hint_pages = 0: every
+// search is slow); TestClaimHintsStartWhenSearchIsSlow tests when hints
+// start and stop.
 
 // hintConn is one session on the database of url that keeps hints from its
 // first claim on, so that they carry from claim to claim.
@@ -54,6 +55,19 @@ func hints(t *testing.T, conn *pgx.Conn) string {
 	return *v
 }
 
+// walkDue makes the session's next claim search the whole range (due) or
+// search past its hints only (not due, for an hour), by setting when its
+// next whole-range search is due in its hints.
+func walkDue(t *testing.T, conn *pgx.Conn, due bool) {
+	t.Helper()
+	next := "0"
+	if !due {
+		next = "extract(epoch FROM clock_timestamp()) + 3600"
+	}
+	mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', jsonb_set(current_setting('pgworker.claim_hints')::jsonb,
+		'{next}', to_jsonb(`+next+`))::text, false)`)
+}
+
 func claimOn(t *testing.T, conn *pgx.Conn, worker string, max int) []claimed {
 	t.Helper()
 	rows, err := conn.Query(context.Background(),
@@ -82,35 +96,11 @@ func claimBatchOn(t *testing.T, conn *pgx.Conn, workers []string) []claimed {
 	return out
 }
 
-// claimsUntil claims one row at a time (alternating files.claim and
-// files.claim_batch) until row id is among them, and returns how many
-// claims it took; it fails after limit claims.
-func claimsUntil(t *testing.T, conn *pgx.Conn, id int64, limit int) int {
-	t.Helper()
-	for i := 1; i <= limit; i++ {
-		var got []claimed
-		if i%2 == 0 {
-			got = claimOn(t, conn, "w1", 1)
-		} else {
-			got = claimBatchOn(t, conn, []string{"w1"})
-		}
-		for _, r := range got {
-			if r.ID == id {
-				return i
-			}
-		}
-		if len(got) == 0 {
-			t.Fatalf("claim %d found nothing, and row %d is pending", i, id)
-		}
-	}
-	t.Fatalf("row %d was not claimed in %d claims", id, limit)
-	return 0
-}
-
 // TestClaimHintNeverStarvesARow: rows that come back behind the hint, by
 // release, by reap, by a retry whose backoff passed and by a claim that
-// rolled back, are claimed within 64 claims while newer rows keep every
-// hinted search busy.
+// rolled back, are left by the claims before the session's next whole-range
+// search is due, while newer rows keep every hinted search busy, and taken
+// by the first claim once it is, in both claim functions.
 func TestClaimHintNeverStarvesARow(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -170,6 +160,7 @@ func TestClaimHintNeverStarvesARow(t *testing.T) {
 			return id
 		}},
 	} {
+		batch := len(tc.name)%2 == 0 // either claim function takes the row
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			url := pgtest.URL(t)
@@ -182,104 +173,52 @@ func TestClaimHintNeverStarvesARow(t *testing.T) {
 			}
 			// Newer rows than the hint are there for every claim: only the
 			// whole-range search can take the row.
-			n := claimsUntil(t, conn, id, 64)
-			t.Logf("row %d claimed at claim %d", id, n)
+			walkDue(t, conn, false)
+			for i := range 4 {
+				var got []claimed
+				if i%2 == 1 {
+					got = claimBatchOn(t, conn, []string{"w1"})
+				} else {
+					got = claimOn(t, conn, "w1", 1)
+				}
+				if len(got) != 1 || got[0].ID == id {
+					t.Fatalf("claim %d before the whole-range search: %+v, want a row past the hint, not %d", i, got, id)
+				}
+			}
+			walkDue(t, conn, true)
+			var got []claimed
+			if batch {
+				got = claimBatchOn(t, conn, []string{"w1"})
+			} else {
+				got = claimOn(t, conn, "w1", 1)
+			}
+			if len(got) != 1 || got[0].ID != id {
+				t.Fatalf("whole-range search (batch %v): claimed %+v, want row %d", batch, got, id)
+			}
 		})
 	}
 }
 
-// TestClaimHintEmptySearchLooksEverywhere: when the only claimable row is
-// behind the hint, the next claim takes it (no rows means nothing is
-// claimable), in both claim functions.
-func TestClaimHintEmptySearchLooksEverywhere(t *testing.T) {
-	t.Parallel()
-	conn := hintConn(t, pgtest.URL(t))
-	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 4) g")
-	for _, batch := range []bool{false, true} {
-		first := claimOn(t, conn, "w1", 1)
-		rest := claimOn(t, conn, "w1", 10) // the hint moves past every row
-		if len(first) != 1 || len(rest) == 0 {
-			t.Fatalf("claimed %d and %d rows", len(first), len(rest))
-		}
-		for _, r := range append(first, rest...) {
-			mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)
-		}
-		var got []claimed
-		if batch {
-			got = claimBatchOn(t, conn, []string{"w1", "w2", "w3", "w4", "w5"})
-		} else {
-			got = claimOn(t, conn, "w1", 10)
-		}
-		if len(got) != 4 || got[0].ID != first[0].ID {
-			t.Fatalf("batch %v: claimed %+v, want all 4 rows from %d on", batch, got, first[0].ID)
-		}
-		for _, r := range got {
-			w := "w1"
-			if batch {
-				if err := conn.QueryRow(context.Background(), "SELECT worker_id FROM files.files WHERE id = $1", r.ID).Scan(&w); err != nil {
-					t.Fatal(err)
-				}
-			}
-			mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", r.ID, w, r.Attempt, r.Token)
-		}
-	}
-}
-
-// TestClaimHintShortSearchLeavesWhatIsBehind: a claim that finds rows past
-// the hint, fewer than it asked for, does not read the rows behind it (their
-// entries are those a held snapshot keeps, which the hints are for); the
-// next claim that finds nothing past the hint searches the whole range and
-// takes the row behind it, in both claim functions. pgworker run looks once
-// more a second after such a short claim (TestRunLooksAgainAfterAShortHintedClaim).
-func TestClaimHintShortSearchLeavesWhatIsBehind(t *testing.T) {
+// TestClaimHintWaitsForTheWholeRangeSearch: when the only claimable rows
+// are behind the hint, a claim before the session's next whole-range search
+// is due finds nothing, and the first claim once it is takes them all, in
+// both claim functions. A claim that finds rows past the hint, fewer than it
+// asked for, does not read behind it either (their entries are those a held
+// snapshot keeps, which the hints are for). pgworker run looks once more
+// after such answers (TestRunLooksAgainAfterAShortHintedClaim).
+func TestClaimHintWaitsForTheWholeRangeSearch(t *testing.T) {
 	t.Parallel()
 	conn := hintConn(t, pgtest.URL(t))
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
 	for _, batch := range []bool{false, true} {
-		mustExec(t, conn, "SELECT set_config('pgworker.claim_hints', '', false)") // no hints left by the round before
-		first := claimOn(t, conn, "w1", 4)
-		more := claimOn(t, conn, "w1", 4) // the hint moves past the eighth row
-		if len(first) != 4 || len(more) != 4 {
-			t.Fatalf("claimed %d and %d rows", len(first), len(more))
-		}
-		behind := first[0]
-		mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", behind.ID, behind.Attempt, behind.Token)
-		// The session searches the whole range a second after its last
-		// whole-range search: the short claim comes right after it.
-		mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', jsonb_set(current_setting('pgworker.claim_hints')::jsonb,
-			'{at}', to_jsonb(extract(epoch FROM clock_timestamp())))::text, false)`)
-		claimFor := func(workers []string) []claimed {
+		claimFor := func(workers ...string) []claimed {
 			if batch {
 				return claimBatchOn(t, conn, workers)
 			}
 			return claimOn(t, conn, workers[0], len(workers))
 		}
-		short := claimFor([]string{"w2", "w3", "w4", "w5"})
-		var sinceWhole int
-		if err := conn.QueryRow(context.Background(),
-			"SELECT (current_setting('pgworker.claim_hints')::jsonb ->> 'n')::int").Scan(&sinceWhole); err != nil {
-			t.Fatal(err)
-		}
-		var got []claimed
-		if sinceWhole == 0 {
-			// A stall of a second between two statements made it a
-			// whole-range search, which takes the row behind the hint too.
-			t.Logf("batch %v: the short claim searched the whole range", batch)
-			if len(short) != 3 {
-				t.Fatalf("batch %v: a whole-range search claimed %+v, want 3 rows", batch, short)
-			}
-		} else {
-			if len(short) != 2 || short[0].ID == behind.ID || short[1].ID == behind.ID {
-				t.Fatalf("batch %v: claimed %+v, want the 2 rows past the hint and not row %d behind it", batch, short, behind.ID)
-			}
-			got = claimFor([]string{"w6", "w7"})
-			if len(got) != 1 || got[0].ID != behind.ID {
-				t.Fatalf("batch %v: claimed %+v, want row %d behind the hint", batch, got, behind.ID)
-			}
-		}
-		// Put everything back for the other claim function.
-		for _, set := range [][]claimed{short, got} {
-			for _, r := range set {
+		release := func(rs []claimed) {
+			for _, r := range rs {
 				var w string
 				if err := conn.QueryRow(context.Background(), "SELECT worker_id FROM files.files WHERE id = $1", r.ID).Scan(&w); err != nil {
 					t.Fatal(err)
@@ -287,8 +226,70 @@ func TestClaimHintShortSearchLeavesWhatIsBehind(t *testing.T) {
 				mustExec(t, conn, "SELECT files.release($1, $2, $3, $4)", r.ID, w, r.Attempt, r.Token)
 			}
 		}
-		for _, r := range append(first[1:], more...) {
-			mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)
+		mustExec(t, conn, "SELECT set_config('pgworker.claim_hints', '', false)") // no hints left by the round before
+		first := claimOn(t, conn, "w1", 4)
+		more := claimOn(t, conn, "w1", 4) // the hint moves past the eighth row
+		if len(first) != 4 || len(more) != 4 {
+			t.Fatalf("claimed %d and %d rows", len(first), len(more))
+		}
+		release(first[:1])
+		walkDue(t, conn, false)
+		short := claimFor("w2", "w3", "w4", "w5")
+		if len(short) != 2 || short[0].ID == first[0].ID || short[1].ID == first[0].ID {
+			t.Fatalf("batch %v: claimed %+v, want the 2 rows past the hint and not row %d behind it", batch, short, first[0].ID)
+		}
+		if got := claimFor("w6", "w7"); len(got) != 0 {
+			t.Fatalf("batch %v: claimed %+v past the hint, want nothing", batch, got)
+		}
+		release(append(first[1:], more...))
+		if got := claimFor("w6", "w7"); len(got) != 0 {
+			t.Fatalf("batch %v: claimed %+v with every row behind the hint, want nothing", batch, got)
+		}
+		walkDue(t, conn, true)
+		got := claimFor("w11", "w12", "w13", "w14", "w15", "w16", "w17", "w18", "w19", "w20")
+		if len(got) != 8 || got[0].ID != first[0].ID {
+			t.Fatalf("batch %v: the whole-range search claimed %+v, want the 8 rows behind the hint from %d on", batch, got, first[0].ID)
+		}
+		release(append(short, got...))
+	}
+}
+
+// TestClaimHintWholeRangeSearchSpacing: after a whole-range search that
+// keeps hints, the next is due a second later, or a hundred times as long
+// as the search took; and five minutes after the last at the latest,
+// whatever a session's setting says.
+func TestClaimHintWholeRangeSearchSpacing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := hintConn(t, pgtest.URL(t))
+	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
+	for i := range 3 {
+		start := time.Now()
+		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
+			t.Fatalf("claim %d: %d rows, want 1", i, len(got))
+		}
+		took := time.Since(start).Seconds()
+		var every float64
+		if err := conn.QueryRow(ctx, `SELECT (h ->> 'next')::float8 - (h ->> 'at')::float8
+			FROM (SELECT current_setting('pgworker.claim_hints')::jsonb AS h) s`).Scan(&every); err != nil {
+			t.Fatal(err)
+		}
+		if every < 1 || every > max(1, 100*took) {
+			t.Fatalf("claim %d took %.4fs: the next whole-range search is due %.4fs after it, want 1s or 100 times as long", i, took, every)
+		}
+		walkDue(t, conn, true)
+	}
+	// A hint past every row, and a next search never due: five minutes
+	// after the last, it is due all the same.
+	for _, c := range []struct {
+		ago  int
+		want int
+	}{{10, 0}, {301, 1}} {
+		mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', jsonb_build_object(
+			'at', extract(epoch FROM clock_timestamp()) - $1, 'next', 1e300,
+			'q', jsonb_build_object('default', jsonb_build_array(0, 9223372036854775806)))::text, false)`, c.ago)
+		if got := claimOn(t, conn, "w1", 1); len(got) != c.want {
+			t.Fatalf("last whole-range search %ds ago, the next never due: claimed %d rows, want %d", c.ago, len(got), c.want)
 		}
 	}
 }
@@ -335,6 +336,7 @@ func TestClaimHintIgnoresForgedSettings(t *testing.T) {
 	for _, v := range []string{
 		"garbage", "[]", `{"at": "x"}`, `{"at": 1e12, "n": 0, "q": []}`, `{"at": 1e12, "n": 0, "q": {"default": ["x", 1]}}`,
 		`{"at": 1e12, "n": 0, "q": {"default": [0, "y"]}}`, `{"at": 1e300, "n": 1e300, "q": {}}`,
+		`{"at": 0, "next": "x", "q": {}}`, `{"at": 1e12, "next": 1e300, "q": {"default": [0, 9223372036854775806]}}`,
 	} {
 		mustExec(t, conn, "SELECT set_config('pgworker.claim_hints', $1, false)", v)
 		if got := claimOn(t, conn, "w1", 1); len(got) != 1 {
@@ -361,11 +363,11 @@ func TestClaimHintsStartWhenSearchIsSlow(t *testing.T) {
 	mustExec(t, conn, "ALTER TABLE files.files SET (autovacuum_enabled = false)")
 	mustExec(t, conn, "INSERT INTO files.files (source) SELECT 'x' || g FROM generate_series(1, 10) g")
 	// wholeSearch makes the session's next claim search whole ranges, as
-	// it does at least once a second.
+	// it does once it is due.
 	wholeSearch := func() {
 		t.Helper()
 		if hints(t, conn) != "" {
-			mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', '{"at": 0, "n": 0, "q": {}}', false)`)
+			mustExec(t, conn, `SELECT set_config('pgworker.claim_hints', '{"at": 0, "next": 0, "q": {}}', false)`)
 		}
 	}
 

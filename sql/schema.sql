@@ -650,13 +650,17 @@ COMMENT ON FUNCTION files.output_keys(jsonb) IS
 -- more than they save. Pages, not entries: after the snapshot is let go,
 -- the entries a search marked dead are skipped without being returned, but
 -- their pages are still read until vacuum clears them. A hint is never
--- trusted to be a bound: rows behind it are found by the whole-range search
--- that runs at least once a second and every 64th claim, and by any search
--- that finds nothing past the hints. A search that finds rows past them but
--- fewer than it was asked for does not read behind them, where the entries
--- the hints skip are (read at every such claim, they cost a worker that
--- keeps up more with each minute the snapshot is held); pgworker run claims
--- once more a second after such an answer if nothing else has claimed
+-- trusted to be a bound: rows behind it are found by the session's next
+-- whole-range search, due a second after its last one or a hundred times as
+-- long as that one took, whichever is later (and five minutes at most), so
+-- that a session spends at most about 1% of its time walking the entries
+-- however long the snapshot is held. A search that finds rows past the hints, or none, does not read
+-- behind them, where the entries the hints skip are: read at every such
+-- claim, they cost a worker that keeps up more with each minute the snapshot
+-- is held, and a fleet's idle processes, each woken by every notification,
+-- one walk each time another process took the row. pgworker run claims once
+-- more after a short or empty answer while its sessions keep hints, a
+-- second later and then at doubling intervals, if nothing else has claimed
 -- meanwhile. When the whole-range search is fast again, the session drops
 -- its hints.
 
@@ -670,12 +674,13 @@ DECLARE
     v_setting text := current_setting('pgworker.claim_hints', true);
     v_state   jsonb;
     v_at      double precision;
-    v_count   integer;
+    v_next    double precision;
     v_full    boolean := true;
     v_hp      integer[];
     v_hid     bigint[];
     v_now     double precision := extract(epoch FROM clock_timestamp());
     v_read    bigint;
+    v_took    double precision;
     v_bound   text;
     v_rows    bigint[];
     v_names   text[];
@@ -686,7 +691,10 @@ DECLARE
 BEGIN
     -- The session's hints, if it keeps them: per queue the claim-order
     -- position (priority, id) just past the last row this session claimed,
-    -- the time of its last whole-range search and the claims since. Set by
+    -- the time of its last whole-range search and the earliest time of its
+    -- next one. A state without the latter is due at once if it counts 63
+    -- claims, as files.claim_batch's hand-off to this search writes it, else
+    -- a second after (one written before 00017). Set by
     -- anyone, they are read with care: a value that does not parse is no
     -- hint at all. Here and below, the hints are read and written in plain
     -- expressions, not statements: each statement costs more than all of
@@ -695,14 +703,18 @@ BEGIN
         BEGIN
             v_state := v_setting::jsonb;
             v_at := (v_state ->> 'at')::double precision;
-            v_count := (v_state ->> 'n')::integer;
+            v_next := coalesce((v_state ->> 'next')::double precision,
+                               CASE WHEN (v_state ->> 'n')::integer >= 63 THEN v_at ELSE v_at + 1 END);
             v_hints := v_state -> 'q';
-            IF jsonb_typeof(v_hints) = 'object' AND v_at IS NOT NULL AND v_count IS NOT NULL THEN
+            IF jsonb_typeof(v_hints) = 'object' AND v_at IS NOT NULL THEN
                 FOR i IN 1 .. cardinality(pick.queues) LOOP
                     v_hp[i] := (v_hints -> pick.queues[i] ->> 0)::integer;
                     v_hid[i] := (v_hints -> pick.queues[i] ->> 1)::bigint;
                 END LOOP;
-                v_full := v_count >= 63 OR v_now - v_at >= 1 OR v_now < v_at;
+                -- A whole-range search when the next one is due, and five
+                -- minutes after the last at the latest (the setting is any
+                -- client's to write), or when the clock went back.
+                v_full := v_now >= least(v_next, v_at + 300) OR v_now < v_at;
             ELSE
                 v_hints := NULL;
             END IF;
@@ -768,17 +780,14 @@ BEGIN
                array_agg(b.priority ORDER BY CASE WHEN pick.prefer THEN b.ord END, b.priority DESC, b.id)
         INTO v_rows, v_names, v_prios
         FROM best b;
-        -- Nothing past the hints: a whole-range search, which reads the
-        -- rows behind them too. So an empty answer still means that nothing
-        -- is claimable (a worker then waits for a notification). An answer
-        -- with rows but fewer than n means that nothing more is claimable
-        -- past the hints; a row behind one (a retry, release, reap or
+        -- An answer, empty or short, means that nothing more is claimable
+        -- past the hints. A row behind one (a retry, release, reap or
         -- rolled-back claim, or an insert that committed after rows of
-        -- larger ids) waits for the next whole-range search: the session's
-        -- next claim a second after its last one, or its 64th, or one that
-        -- finds nothing past the hints. pgworker run claims once more a
-        -- second after such an answer if nothing else has claimed meanwhile.
-        v_full := v_rows IS NULL;
+        -- larger ids) waits for the session's next whole-range search: the
+        -- first claim once it is due. Searching the whole range whenever
+        -- nothing was found past the hints, as 00016 did, made every idle
+        -- process of a fleet walk the held snapshot's entries at every
+        -- notification that another process answered first.
     END IF;
     IF v_full THEN
         -- A whole-range search: per queue, in claim order, one range of
@@ -811,6 +820,7 @@ BEGIN
     -- same whatever the claim asks for, and so does a hint.
     IF v_full THEN
         v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
+        v_took := extract(epoch FROM clock_timestamp()) - v_now;
         v_bound := current_setting('pgworker.claim_hint_pages', true);
         IF v_read * 100 < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * 100 + pick.n THEN
             -- Fast: no hints (or no more).
@@ -832,9 +842,13 @@ BEGIN
             v_hints := v_hints || jsonb_build_object(v_names[i], jsonb_build_array(v_prios[i], v_rows[i] + 1));
         END IF;
     END LOOP;
+    -- The next whole-range search is due a second after this one, or a
+    -- hundred times as long as this one took, whichever is later: a session
+    -- spends at most about 1% of its time on them, however long the held
+    -- snapshot has kept the entries they walk.
     v_set := set_config('pgworker.claim_hints', jsonb_build_object(
         'at', CASE WHEN v_full THEN v_now ELSE v_at END,
-        'n', CASE WHEN v_full THEN 0 ELSE v_count + 1 END,
+        'next', CASE WHEN v_full THEN v_now + greatest(1, 100 * v_took) ELSE v_next END,
         'q', v_hints)::text, false);
     RETURN v_rows;
 END
@@ -844,13 +858,14 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'rooms[i] of queue i (NULL: no bound), queue by queue in the given order with prefer: the row search of files.claim '
     'and files.claim_batch for queues without fair share. It searches each queue''s whole range of files_claim_idx until '
     'such a search reads pgworker.claim_hint_pages pages of the index or more (default 50, and one more per 100 rows of '
-    'n); from then '
-    'on it starts each queue''s search past the last row this session took (setting pgworker.claim_hints), searches '
-    'whole ranges at least once a second and every 64th claim and whenever nothing past the hints is claimable, '
-    'dropping the hints when one is fast. So an empty answer means nothing is claimable; a short one, while the session '
-    'keeps hints, that nothing more is claimable past them: a row that becomes claimable behind a hint (a retry, '
-    'release, reap, rolled-back claim or late-committing insert) waits for the next whole-range search, and a caller '
-    'that got a short answer with hints kept should claim once more if it has not claimed again within a second.';
+    'n); from then on it starts each queue''s search past the last row this session took (setting '
+    'pgworker.claim_hints), and searches whole ranges again when due: a second after the last such search, or a '
+    'hundred times as long as it took, whichever is later, and five minutes at most; it drops the hints when one is '
+    'fast. So without hints an '
+    'empty answer means nothing is claimable; with hints kept, an answer, empty or short, means nothing more is '
+    'claimable past them: a row that becomes claimable behind a hint (a retry, release, reap, rolled-back claim or '
+    'late-committing insert) waits for the next whole-range search, and a caller whose session keeps hints should claim '
+    'once more after such an answer if it has not claimed again within a second.';
 
 -- Fleet-wide caps (files.queues.max_running) and fair share between batches
 -- (files.queues.fair_share), for the claims. A claim pays for them only when

@@ -224,7 +224,7 @@ type Stats struct {
 	SerializationFailures uint64 // of those, claims that failed with 40001 or 40P01
 	Slots                 int    // slots now (varies with MaxSlots)
 	ClaimErrors           uint64 // claims that failed otherwise
-	SafetyWakes           uint64 // wake-ups by the safety net, a retry's time or a look after a short claim with hints
+	SafetyWakes           uint64 // wake-ups by the safety net, a retry's time or a look after a short or empty claim with hints
 	ClaimsDeferred        uint64 // claims held back until ClaimCooldown ended
 	RecordsDeferred       uint64 // outcome statements held back until ClaimCooldown ended
 	Done                  uint64 // rows completed
