@@ -264,7 +264,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 			if c.processes > 1 {
 				name += "-" + strconv.Itoa(i+1)
 			}
-			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, params, h, outcomes)
+			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, &params, h, outcomes)
 			if err != nil {
 				return err
 			}
@@ -347,12 +347,13 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 }
 
 // steadyWorker starts one worker runtime of a steady run, with a pool of its
-// own, and the server's claim times when the role may ask for them.
-func (b *Bench) steadyWorker(ctx context.Context, name string, slots, conns int, params map[string]string,
+// own, and the server's claim times when the role may ask for them: once
+// refused, *params is dropped for the runtimes started after it too.
+func (b *Bench) steadyWorker(ctx context.Context, name string, slots, conns int, params *map[string]string,
 	h *steadyHandler, outcomes *outcomeCount) (*worker.Worker, *pgxpool.Pool, error) {
 	cfg := worker.Config{Handler: h, Slots: slots, Observer: outcomes}
 	for {
-		wpool, err := b.workerPool(ctx, conns, params)
+		wpool, err := b.workerPool(ctx, conns, *params)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -361,11 +362,11 @@ func (b *Bench) steadyWorker(ctx context.Context, name string, slots, conns int,
 			return w, wpool, nil
 		}
 		wpool.Close()
-		if params == nil || !isPrivilege(err) {
+		if *params == nil || !isPrivilege(err) {
 			return nil, nil, err
 		}
 		// Not a superuser: run without the server's claim times.
-		params = nil
+		*params = nil
 	}
 }
 
