@@ -91,8 +91,9 @@ const minAsk = 2
 // the safety net's. Such a claim does not read the rows behind its hints
 // (files.pick: their entries are those a held snapshot keeps), so a row
 // that became claimable there (a retry, a release, an insert that
-// committed late) waits for the session's next whole-range search: its
-// first claim once that is due, a second or more after its last.
+// committed late) waits for the next whole-range search, which the
+// sessions claiming from the same queues take turns at: the first claim of
+// any of them once it is due, a second or more after the last.
 const lookAgain = time.Second
 
 // minQuiet is the shortest rest of a cooldown for which the claimer asks

@@ -57,8 +57,18 @@ func hints(t *testing.T, conn *pgx.Conn) string {
 
 // walkDue makes the session's next claim search the whole range (due) or
 // search past its hints only (not due, for an hour), by setting when its
-// next whole-range search is due in its hints.
+// next whole-range search is due in its hints, and clearing the turn its
+// queues' sessions take (files.claim_search_due), so that its own spacing
+// decides.
 func walkDue(t *testing.T, conn *pgx.Conn, due bool) {
+	t.Helper()
+	ownDue(t, conn, due)
+	mustExec(t, conn, "SELECT setval('files.claim_search_due', 1, false)")
+}
+
+// ownDue sets when the session's own next whole-range search is due: now
+// (due) or in an hour.
+func ownDue(t *testing.T, conn *pgx.Conn, due bool) {
 	t.Helper()
 	next := "0"
 	if !due {
@@ -68,10 +78,46 @@ func walkDue(t *testing.T, conn *pgx.Conn, due bool) {
 		'{next}', to_jsonb(`+next+`))::text, false)`)
 }
 
+// setTurn writes the turn of the sessions that claim from queues
+// (files.claim_search_due): their next whole-range search is due in secs
+// seconds (before now if negative).
+func setTurn(t *testing.T, conn *pgx.Conn, queues []string, secs float64) {
+	t.Helper()
+	mustExec(t, conn, `SELECT setval('files.claim_search_due',
+		((1000 * (extract(epoch FROM clock_timestamp()) + $2))::bigint << 21) | (hashtext($1::text[]::text) & 2097151))`,
+		queues, secs)
+}
+
+// turnAfter runs claim and returns the turn it leaves: the key of the queues
+// it is for, and when it is due in seconds after the claim started, no
+// earlier than a second unless it is no turn of the claim's, no later than a
+// second or a hundred times as long as the claim took.
+func turnAfter(t *testing.T, conn *pgx.Conn, claim func()) (key int64, in float64, ok bool) {
+	t.Helper()
+	ctx := context.Background()
+	var start, end float64
+	if err := conn.QueryRow(ctx, "SELECT extract(epoch FROM clock_timestamp())").Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	claim()
+	if err := conn.QueryRow(ctx, `SELECT v & 2097151, (v >> 21) / 1000.0, extract(epoch FROM clock_timestamp())
+		FROM pg_sequence_last_value('files.claim_search_due') v`).Scan(&key, &in, &end); err != nil {
+		t.Fatal(err)
+	}
+	in -= start
+	return key, in, in >= 0.999 && in <= end-start+max(1, 100*(end-start))+0.001
+}
+
 func claimOn(t *testing.T, conn *pgx.Conn, worker string, max int) []claimed {
 	t.Helper()
+	return claimFromOn(t, conn, worker, nil, max)
+}
+
+// claimFromOn claims from queues (nil: all of them).
+func claimFromOn(t *testing.T, conn *pgx.Conn, worker string, queues []string, max int) []claimed {
+	t.Helper()
 	rows, err := conn.Query(context.Background(),
-		"SELECT id, priority, attempt, claim_token FROM files.claim($1, NULL, $2, key => 'test-key-0123456789')", worker, max)
+		"SELECT id, priority, attempt, claim_token FROM files.claim($1, $2, $3, key => 'test-key-0123456789')", worker, queues, max)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,6 +337,106 @@ func TestClaimHintWholeRangeSearchSpacing(t *testing.T) {
 		if got := claimOn(t, conn, "w1", 1); len(got) != c.want {
 			t.Fatalf("last whole-range search %ds ago, the next never due: claimed %d rows, want %d", c.ago, len(got), c.want)
 		}
+	}
+}
+
+// TestClaimHintSessionsTakeTurns: the sessions that claim from the same
+// queues take turns at the whole-range search. One session's search writes
+// the next turn, a second ahead; until it is due another session searches
+// past its hints only, also when its own spacing says its search is due;
+// once it is, the first claim searches the whole range, also when its own
+// spacing says not yet. A session whose queues are not the turn's keeps its
+// own spacing, and so does one that reads a turn more than five minutes
+// ahead (the clock went back). A session searches five minutes after its
+// own last search at the latest, whatever the turn says.
+func TestClaimHintSessionsTakeTurns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	a, b := hintConn(t, url), hintConn(t, url)
+	mustExec(t, a, "INSERT INTO files.files (source, queue) SELECT 'x' || g, q FROM generate_series(1, 60) g, unnest(ARRAY['default', 'other']) q")
+	claimOf := func(conn *pgx.Conn, queue string, max int) []claimed {
+		t.Helper()
+		return claimFromOn(t, conn, "w1", []string{queue}, max)
+	}
+	// behind puts a row of queue behind the session's hint and returns it.
+	behind := func(conn *pgx.Conn, queue string) int64 {
+		t.Helper()
+		r := claimOf(conn, queue, 1)[0]
+		claimOf(conn, queue, 3) // the hint moves past r
+		mustExec(t, conn, "SELECT files.release($1, 'w1', $2, $3)", r.ID, r.Attempt, r.Token)
+		return r.ID
+	}
+	// takes claims one row of queue and reports whether it is id.
+	takes := func(conn *pgx.Conn, queue string, id int64) bool {
+		t.Helper()
+		got := claimOf(conn, queue, 1)
+		if len(got) != 1 {
+			t.Fatalf("claimed %+v of %s, want one row", got, queue)
+		}
+		return got[0].ID == id
+	}
+	def := []string{"default"}
+	var key int64
+	if err := a.QueryRow(ctx, "SELECT hashtext(ARRAY['default']::text) & 2097151").Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	claimOf(a, "default", 1) // both sessions keep hints from here on
+	claimOf(b, "default", 1)
+
+	// a's whole-range search writes the turn, a second ahead.
+	walkDue(t, a, true)
+	if k, in, ok := turnAfter(t, a, func() { claimOf(a, "default", 1) }); k != key || !ok {
+		t.Fatalf("after a whole-range search the turn is key %d, due %.3fs after the claim started; want key %d, a second or more", k, in, key)
+	}
+
+	id := behind(b, "default")
+	setTurn(t, a, def, 200)
+	ownDue(t, b, true)
+	if takes(b, "default", id) {
+		t.Fatalf("a session whose own search was due took row %d behind its hint before the turn was due", id)
+	}
+	setTurn(t, a, def, -0.001)
+	ownDue(t, b, false)
+	var took bool
+	if k, in, ok := turnAfter(t, b, func() { took = takes(b, "default", id) }); !took || k != key || !ok {
+		t.Fatalf("the first claim once the turn was due: took row %d behind the hint %v; the turn after it is key %d, due %.3fs after it started; want key %d, a second or more",
+			id, took, k, in, key)
+	}
+
+	// Another set of queues keeps its own spacing.
+	claimOf(a, "other", 1)
+	id = behind(a, "other")
+	setTurn(t, a, def, 200)
+	ownDue(t, a, true)
+	if !takes(a, "other", id) {
+		t.Fatalf("a session of other queues than the turn's, its own search due, did not take row %d behind its hint", id)
+	}
+	ownDue(t, a, false)
+	id = behind(a, "other")
+	setTurn(t, a, def, -1)
+	if takes(a, "other", id) {
+		t.Fatalf("a session of other queues than the turn's took row %d behind its hint when the turn was due, its own search not", id)
+	}
+	ownDue(t, a, true)
+	if !takes(a, "other", id) {
+		t.Fatalf("row %d was not taken once its session's own search was due", id)
+	}
+
+	// A turn more than five minutes ahead is not one; and a session
+	// searches five minutes after its own last search at the latest.
+	id = behind(b, "default")
+	setTurn(t, a, def, 3600)
+	ownDue(t, b, true)
+	if !takes(b, "default", id) {
+		t.Fatalf("a turn an hour ahead held back row %d from a session whose own search was due", id)
+	}
+	id = behind(b, "default")
+	setTurn(t, a, def, 200)
+	mustExec(t, b, `SELECT set_config('pgworker.claim_hints', jsonb_set(jsonb_set(current_setting('pgworker.claim_hints')::jsonb,
+		'{at}', to_jsonb(extract(epoch FROM clock_timestamp()) - 301)), '{next}', to_jsonb(1e300))::text, false)`)
+	if !takes(b, "default", id) {
+		t.Fatalf("five minutes after its own last search, a session did not take row %d behind its hint", id)
 	}
 }
 

@@ -635,6 +635,17 @@ $$;
 COMMENT ON FUNCTION files.output_keys(jsonb) IS
     'The keys of the outputs of a result manifest (result->''outputs''[i]->>''key''), in their order.';
 
+-- The turn at the whole-range search of the sessions that keep claim hints
+-- (files.pick): a sequence, which sessions read and write outside their
+-- transactions and which a held snapshot cannot bloat (a row updated once a
+-- second would keep a version for every second the snapshot is held).
+CREATE SEQUENCE files.claim_search_due AS bigint MINVALUE 0 NO CYCLE;
+COMMENT ON SEQUENCE files.claim_search_due IS
+    'The turn at files.pick''s whole-range search of the sessions that keep claim hints: when the next one is due, in '
+    'milliseconds since 1970, times 2^21, plus hashtext(queues::text) & 2097151 of the queues it is for. Written by '
+    'the session that takes a turn (setval, outside its transaction), read at each claim of a session with hints '
+    '(pg_sequence_last_value; NULL until the first turn). Only the owner writes it.';
+
 -- The row search of the claims. A whole-range search of a queue reads
 -- files_claim_idx from its start. That is the cheapest search while dead
 -- entries are cleared as they appear. While a long transaction (or a
@@ -650,11 +661,13 @@ COMMENT ON FUNCTION files.output_keys(jsonb) IS
 -- more than they save. Pages, not entries: after the snapshot is let go,
 -- the entries a search marked dead are skipped without being returned, but
 -- their pages are still read until vacuum clears them. A hint is never
--- trusted to be a bound: rows behind it are found by the session's next
--- whole-range search, due a second after its last one or a hundred times as
--- long as that one took, whichever is later (and five minutes at most), so
--- that a session spends at most about 1% of its time walking the entries
--- however long the snapshot is held. A search that finds rows past the hints, or none, does not read
+-- trusted to be a bound: rows behind it are found by the next whole-range
+-- search, due a second after the last one or a hundred times as long as that
+-- one took, whichever is later. The sessions that claim from the same queues
+-- take turns at it (files.claim_search_due), so that between them they
+-- spend at most about 1% of their time walking the entries however long the
+-- snapshot is held, and each session searches five minutes after its own
+-- last search at the latest. A search that finds rows past the hints, or none, does not read
 -- behind them, where the entries the hints skip are: read at every such
 -- claim, they cost a worker that keeps up more with each minute the snapshot
 -- is held, and a fleet's idle processes, each woken by every notification,
@@ -681,6 +694,8 @@ DECLARE
     v_now     double precision := extract(epoch FROM clock_timestamp());
     v_read    bigint;
     v_took    double precision;
+    v_key     bigint;
+    v_turn    bigint;
     v_bound   text;
     v_rows    bigint[];
     v_names   text[];
@@ -699,6 +714,15 @@ BEGIN
     -- hint at all. Here and below, the hints are read and written in plain
     -- expressions, not statements: each statement costs more than all of
     -- them together.
+    --
+    -- The sessions that claim from the same queues take turns at the
+    -- whole-range search: files.claim_search_due holds when the next one
+    -- is due and for which queues (see there). While it is for this
+    -- claim's queues, that time is due for this session too, whatever its
+    -- own spacing says; the first claim once it has passed takes the turn.
+    -- Any other value (another set of queues, none yet, or a time more than
+    -- five minutes ahead: the clock went back) leaves the session to its
+    -- own spacing.
     IF v_setting <> '' THEN
         BEGIN
             v_state := v_setting::jsonb;
@@ -712,9 +736,21 @@ BEGIN
                     v_hid[i] := (v_hints -> pick.queues[i] ->> 1)::bigint;
                 END LOOP;
                 -- A whole-range search when the next one is due, and five
-                -- minutes after the last at the latest (the setting is any
-                -- client's to write), or when the clock went back.
-                v_full := v_now >= least(v_next, v_at + 300) OR v_now < v_at;
+                -- minutes after this session's last at the latest (the
+                -- setting is any client's to write, and two sets of queues
+                -- may share a hash), or when the clock went back.
+                v_key := hashtext(pick.queues::text) & 2097151;
+                v_turn := pg_sequence_last_value('files.claim_search_due');
+                v_full := v_now >= least(CASE WHEN v_turn & 2097151 = v_key AND v_turn >> 21 <= v_now * 1000 + 300000
+                                              THEN (v_turn >> 21) / 1000.0 ELSE v_next END,
+                                         v_at + 300)
+                          OR v_now < v_at;
+                IF v_full THEN
+                    -- This session's turn: the next is due a second from
+                    -- now, before it searches, so that the sessions woken
+                    -- by the same notification do not search too.
+                    v_turn := setval('files.claim_search_due', ((v_now * 1000)::bigint + 1000) << 21 | v_key);
+                END IF;
             ELSE
                 v_hints := NULL;
             END IF;
@@ -843,9 +879,15 @@ BEGIN
         END IF;
     END LOOP;
     -- The next whole-range search is due a second after this one, or a
-    -- hundred times as long as this one took, whichever is later: a session
-    -- spends at most about 1% of its time on them, however long the held
-    -- snapshot has kept the entries they walk.
+    -- hundred times as long as this one took, whichever is later: the
+    -- sessions of a set of queues spend at most about 1% of their time on
+    -- them between them, however long the held snapshot has kept the
+    -- entries they walk. Its turn was written before it searched, a second
+    -- from then; a search that took longer than 10 ms writes it again.
+    IF v_full AND v_key IS NOT NULL AND v_took > 0.01 THEN
+        v_turn := setval('files.claim_search_due',
+                         ((1000 * (v_now + least(100 * v_took, 300)))::bigint << 21) | v_key);
+    END IF;
     v_set := set_config('pgworker.claim_hints', jsonb_build_object(
         'at', CASE WHEN v_full THEN v_now ELSE v_at END,
         'next', CASE WHEN v_full THEN v_now + greatest(1, 100 * v_took) ELSE v_next END,
@@ -859,9 +901,10 @@ COMMENT ON FUNCTION files.pick(text[], integer, integer[], boolean) IS
     'and files.claim_batch for queues without fair share. It searches each queue''s whole range of files_claim_idx until '
     'such a search reads pgworker.claim_hint_pages pages of the index or more (default 50, and one more per 100 rows of '
     'n); from then on it starts each queue''s search past the last row this session took (setting '
-    'pgworker.claim_hints), and searches whole ranges again when due: a second after the last such search, or a '
-    'hundred times as long as it took, whichever is later, and five minutes at most; it drops the hints when one is '
-    'fast. So without hints an '
+    'pgworker.claim_hints), and searches whole ranges again when due: the sessions that claim from the same queues take '
+    'turns (files.claim_search_due), the next turn a second after the last such search, or a hundred times as long as '
+    'it took, whichever is later; a session searches five minutes after its own last at the latest. It drops the hints '
+    'when such a search is fast. So without hints an '
     'empty answer means nothing is claimable; with hints kept, an answer, empty or short, means nothing more is '
     'claimable past them: a row that becomes claimable behind a hint (a retry, release, reap, rolled-back claim or '
     'late-committing insert) waits for the next whole-range search, and a caller whose session keeps hints should claim '
@@ -2887,6 +2930,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA files FROM PUBLIC;
 -- Readers see everything and change nothing.
 GRANT USAGE ON SCHEMA files TO pgworker_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA files TO pgworker_reader;
+GRANT SELECT ON SEQUENCE files.claim_search_due TO pgworker_reader;
 
 -- Workers run the worker API and read the views; they write only through the API.
 GRANT USAGE ON SCHEMA files TO pgworker_worker;
