@@ -206,6 +206,8 @@ BEGIN
     IF v_full THEN
         v_read := pg_stat_get_xact_blocks_fetched('files.files_claim_idx'::regclass) - v_read;
         v_took := extract(epoch FROM clock_timestamp()) - v_now;
+        v_at := v_now;
+        v_next := v_now + greatest(1, 100 * v_took);
         v_bound := current_setting('pgworker.claim_hint_pages', true);
         IF v_read * 100 < (CASE WHEN v_bound ~ '^[0-9]{1,9}$' THEN v_bound::bigint ELSE 50 END) * 100 + pick.n THEN
             -- Fast: no hints (or no more).
@@ -234,13 +236,9 @@ BEGIN
     -- entries they walk. Its turn was written before it searched, a second
     -- from then; a search that took longer than 10 ms writes it again.
     IF v_full AND v_key IS NOT NULL AND v_took > 0.01 THEN
-        v_turn := setval('files.claim_search_due',
-                         ((1000 * (v_now + least(100 * v_took, 300)))::bigint << 21) | v_key);
+        v_turn := setval('files.claim_search_due', ((1000 * least(v_next, v_now + 300))::bigint << 21) | v_key);
     END IF;
-    v_set := set_config('pgworker.claim_hints', jsonb_build_object(
-        'at', CASE WHEN v_full THEN v_now ELSE v_at END,
-        'next', CASE WHEN v_full THEN v_now + greatest(1, 100 * v_took) ELSE v_next END,
-        'q', v_hints)::text, false);
+    v_set := set_config('pgworker.claim_hints', jsonb_build_object('at', v_at, 'next', v_next, 'q', v_hints)::text, false);
     RETURN v_rows;
 END
 $$;
