@@ -537,11 +537,21 @@ func TestLongTx(t *testing.T) {
 			// Every sample belongs to a phase, in order, and the run's rows
 			// all ended done (LongTx checks it before it returns).
 			last := -1.0
+			claims, empty := 0, 0
 			for _, s := range res.Samples {
 				if !slices.Contains(names, s.Phase) || s.AtSec <= last || s.Depth < 0 {
 					t.Errorf("sample %+v after %gs", s, last)
 				}
 				last = s.AtSec
+				claims, empty = claims+s.Claims, empty+s.EmptyClaims
+				if s.Claims > 0 && (s.ClaimP50MS <= 0 || s.ClaimMaxMS < s.ClaimP99MS || s.ClaimIdleMaxMS < 0) {
+					t.Errorf("sample %+v: claims' round trips", s)
+				}
+			}
+			// The samples saw the workers' claims: each row was returned by
+			// one of them, and a claim returns at most a row per slot.
+			if slotsAll := int64(res.Slots * res.Processes); int64(claims-empty)*slotsAll < res.Rows/2 || empty > claims {
+				t.Errorf("samples saw %d claims (%d empty) for %d rows", claims, empty, res.Rows)
 			}
 			if len(res.Samples) < 3 {
 				t.Errorf("%d samples", len(res.Samples))

@@ -40,6 +40,36 @@ func TestPercentiles(t *testing.T) {
 	}
 }
 
+func TestClaimSteps(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	claim := func(sent, answered int, empty bool) claimSpan {
+		return claimSpan{span: span{sent: at(sent), answered: at(answered)}, empty: empty}
+	}
+	// Two claims overlap (10-14 and 12-20), then none is under way from 20
+	// to 50; the interval began with the last answer at 4.
+	claims := []claimSpan{claim(10, 14, false), claim(12, 20, true), claim(50, 51, true)}
+	n, empty, rtt, idle, last := claimSteps(claims, at(4))
+	if n != 3 || empty != 2 {
+		t.Errorf("%d claims, %d empty; want 3, 2", n, empty)
+	}
+	if rtt.P50MS != 4 || rtt.MaxMS != 8 {
+		t.Errorf("round trips %+v, want p50 4 ms, max 8 ms", rtt)
+	}
+	if idle != 30*time.Millisecond || !last.Equal(at(51)) {
+		t.Errorf("idle %v, last answer %v; want 30ms, %v", idle, last, at(51))
+	}
+	// With no answer before them, the time before the first claim is not
+	// counted; with no claims, nothing is, and the last answer stays.
+	if _, _, _, idle, _ := claimSteps(claims[:2], time.Time{}); idle != 0 {
+		t.Errorf("idle %v with no answer before, want 0", idle)
+	}
+	if n, _, _, idle, last := claimSteps(nil, at(4)); n != 0 || idle != 0 || !last.Equal(at(4)) {
+		t.Errorf("no claims: %d, idle %v, last %v", n, idle, last)
+	}
+}
+
 func TestLines(t *testing.T) {
 	t.Parallel()
 	if err := iotest.TestReader(newLines("x/", 3), []byte("x/000000001\nx/000000002\nx/000000003\n")); err != nil {

@@ -68,7 +68,7 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		res.Setup = b.setup("latency")
 		starts := newPickups()
 		tr := newPickupTrace()
-		pool, err := b.tracedPool(ctx, 4, tr)
+		pool, err := b.tracedPool(ctx, 4, nil, tr)
 		if err != nil {
 			return err
 		}

@@ -58,6 +58,17 @@ type Sample struct {
 	// start, for the rows started in the interval.
 	PickupP50MS float64 `json:"pickup_p50_ms"`
 	PickupP99MS float64 `json:"pickup_p99_ms"`
+	// Claims is the claim queries the workers' pools had answered in the
+	// interval, EmptyClaims those that returned no row, and Claim their
+	// round trips (sent → answered); ClaimIdleMaxMS is the longest time in
+	// it during which no claim query was under way, fleet-wide. From the
+	// benchmark's trace of the pools.
+	Claims         int     `json:"claims"`
+	EmptyClaims    int     `json:"empty_claims"`
+	ClaimP50MS     float64 `json:"claim_p50_ms"`
+	ClaimP99MS     float64 `json:"claim_p99_ms"`
+	ClaimMaxMS     float64 `json:"claim_max_ms"`
+	ClaimIdleMaxMS float64 `json:"claim_idle_max_ms"`
 	// Depth is the rows inserted (or in an insert under way) and not yet
 	// started.
 	Depth int64 `json:"depth"`
@@ -247,6 +258,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		}
 		h := &steadyHandler{}
 		outcomes := &outcomeCount{}
+		trace := &claimTrace{}
 		// Each process a worker runtime with a pool and a LISTEN connection
 		// of its own, as separate processes would have.
 		var ws []*worker.Worker
@@ -264,7 +276,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 			if c.processes > 1 {
 				name += "-" + strconv.Itoa(i+1)
 			}
-			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, &params, h, outcomes)
+			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, &params, h, outcomes, trace)
 			if err != nil {
 				return err
 			}
@@ -289,7 +301,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 			pruning.Go(func() { pr.every(pctx, c.pruneEvery) })
 		}
 
-		s := &sampler{b: b, h: h, ws: ws, outcomes: outcomes, prod: prod, t0: time.Now()}
+		s := &sampler{b: b, h: h, ws: ws, outcomes: outcomes, prod: prod, trace: trace, t0: time.Now()}
 		if err := s.begin(ctx); err != nil {
 			return err
 		}
@@ -347,13 +359,14 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 }
 
 // steadyWorker starts one worker runtime of a steady run, with a pool of its
-// own, and the server's claim times when the role may ask for them: once
-// refused, *params is dropped for the runtimes started after it too.
+// own traced by trace, and the server's claim times when the role may ask
+// for them: once refused, *params is dropped for the runtimes started after
+// it too.
 func (b *Bench) steadyWorker(ctx context.Context, name string, slots, conns int, params *map[string]string,
-	h *steadyHandler, outcomes *outcomeCount) (*worker.Worker, *pgxpool.Pool, error) {
+	h *steadyHandler, outcomes *outcomeCount, trace *claimTrace) (*worker.Worker, *pgxpool.Pool, error) {
 	cfg := worker.Config{Handler: h, Slots: slots, Observer: outcomes}
 	for {
-		wpool, err := b.workerPool(ctx, conns, *params)
+		wpool, err := b.tracedPool(ctx, conns, *params, trace)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -479,8 +492,11 @@ type sampler struct {
 	ws       []*worker.Worker
 	outcomes *outcomeCount
 	prod     *producer
+	trace    *claimTrace
 	t0       time.Time
 	samples  []Sample
+	// lastAnswer is when the last claim the samples took was answered.
+	lastAnswer time.Time
 
 	phase string
 	// at the last sample
@@ -507,6 +523,8 @@ func (s *sampler) claims() uint64 {
 func (s *sampler) begin(ctx context.Context) error {
 	s.last = time.Now()
 	s.t0 = s.last
+	// The workers' first looks for work are not the samples'.
+	_, _, _, _, s.lastAnswer = claimSteps(s.trace.take(), time.Time{})
 	_, err := s.b.tableStats(ctx)
 	return err
 }
@@ -537,10 +555,14 @@ func (s *sampler) sample(ctx context.Context) error {
 	}
 	secs := now.Sub(s.last).Seconds()
 	p := percentiles(s.h.takeSample())
+	n, empty, rtt, idle, last := claimSteps(s.trace.take(), s.lastAnswer)
+	s.lastAnswer = last
 	s.samples = append(s.samples, Sample{
 		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
 		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
-		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS, Depth: depth, TableStats: st,
+		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS,
+		Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
+		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), Depth: depth, TableStats: st,
 	})
 	s.last, s.lastDone, s.lastIns = now, done, ins
 	s.depthMax = max(s.depthMax, depth)

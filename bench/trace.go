@@ -42,9 +42,12 @@ type traceKey struct{}
 
 func newPickupTrace() *pickupTrace { return &pickupTrace{} }
 
-// tracedPool is workerPool with t tracing its claim queries.
-func (b *Bench) tracedPool(ctx context.Context, conns int, t *pickupTrace) (*pgxpool.Pool, error) {
+// tracedPool is workerPool with t tracing its queries.
+func (b *Bench) tracedPool(ctx context.Context, conns int, params map[string]string, t pgx.QueryTracer) (*pgxpool.Pool, error) {
 	cfg := b.workerPoolConfig(conns)
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
 	cfg.ConnConfig.Tracer = t
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -55,7 +58,12 @@ func (b *Bench) tracedPool(ctx context.Context, conns int, t *pickupTrace) (*pgx
 
 // TraceQueryStart notes when a claim query is sent.
 func (t *pickupTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if !strings.Contains(d.SQL, "files.claim") {
+	return claimSent(ctx, d.SQL)
+}
+
+// claimSent notes in ctx when the query sql was sent, if it claims.
+func claimSent(ctx context.Context, sql string) context.Context {
+	if !strings.Contains(sql, "files.claim") {
 		return ctx
 	}
 	return context.WithValue(ctx, traceKey{}, time.Now())
@@ -121,4 +129,69 @@ func (t *pickupTrace) steps(in *inserts, starts *pickups, first int) *LatencySte
 	}
 	return &LatencySteps{Traced: len(cl), CommitToNotify: percentiles(c2n), NotifyToClaim: percentiles(n2c),
 		Claim: percentiles(cl), ClaimToHandler: percentiles(c2h)}
+}
+
+// claimTrace records, for the steady modes' samples, each claim query the
+// workers' pools sent: when, how long its answer took and whether it
+// returned rows. It is the benchmark's: the worker runtime knows nothing of
+// it.
+type claimTrace struct {
+	mu     sync.Mutex
+	claims []claimSpan // in the order they ended
+}
+
+type claimSpan struct {
+	span
+	empty bool
+}
+
+// TraceQueryStart notes when a claim query is sent.
+func (t *claimTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return claimSent(ctx, d.SQL)
+}
+
+// TraceQueryEnd notes its answer: pgx ends the trace once the rows are
+// read, with the command tag that counts them.
+func (t *claimTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	sent, ok := ctx.Value(traceKey{}).(time.Time)
+	if !ok {
+		return
+	}
+	c := claimSpan{span: span{sent: sent, answered: time.Now()}, empty: d.Err == nil && d.CommandTag.RowsAffected() == 0}
+	t.mu.Lock()
+	t.claims = append(t.claims, c)
+	t.mu.Unlock()
+}
+
+// take returns the claims that ended since the last call, in the order
+// they were sent.
+func (t *claimTrace) take() []claimSpan {
+	t.mu.Lock()
+	c := t.claims
+	t.claims = nil
+	t.mu.Unlock()
+	slices.SortFunc(c, func(a, b claimSpan) int { return a.sent.Compare(b.sent) })
+	return c
+}
+
+// claimSteps sums up claims (as take returns them) for a sample: how many,
+// how many returned no row, their round trips, and the longest time during
+// which the workers had no claim under way, from after (the last answer
+// before them) on.
+func claimSteps(claims []claimSpan, after time.Time) (n, empty int, rtt Percentiles, idle time.Duration, last time.Time) {
+	ds := make([]time.Duration, 0, len(claims))
+	last = after
+	for _, c := range claims {
+		if c.empty {
+			empty++
+		}
+		ds = append(ds, c.answered.Sub(c.sent))
+		if !last.IsZero() && c.sent.After(last) {
+			idle = max(idle, c.sent.Sub(last))
+		}
+		if c.answered.After(last) {
+			last = c.answered
+		}
+	}
+	return len(claims), empty, percentiles(ds), idle, last
 }

@@ -307,8 +307,10 @@ files.files can be removed; and recovery. The
 producer inserts --rate rows per second, or with --depth keeps that many rows
 waiting (peak mode: the worker runs as fast as it can). Every --sample-every
 it samples rows/s, pickup (the row's created_at to its handler's start) p50
-and p99, the depth (rows inserted and not started), and files.files' dead
-tuples and table and index sizes. At the end it waits for the backlog to
+and p99, the depth (rows inserted and not started), the workers' claim
+queries (how many, how many returned no row, their round trips' p50, p99
+and max, and the longest time no claim was under way), and files.files'
+dead tuples and table and index sizes. At the end it waits for the backlog to
 drain and checks that every row ended done. JSON: phases (rows_per_sec,
 pickup, depth_end, depth_max, claim_ms: the server's mean time per claim,
 end: the table's statistics), held_over_clean, recovery_over_clean,
@@ -320,8 +322,8 @@ samples.`,
 		help: `
 Runs a producer at --rate rows per second and a worker runtime of --slots
 slots (no-op handler) for --duration, sampling every --sample-every the
-rows/s, pickup p50 and p99, depth, and files.files' dead tuples and table and
-index sizes: the lines of a queue that lasts stay flat. --prune-every calls
+rows/s, pickup p50 and p99, depth, the claim queries (as long-tx does), and
+files.files' dead tuples and table and index sizes: the lines of a queue that lasts stay flat. --prune-every calls
 files.prune at that interval and once at the end, as retention's pruner
 would, with the done rows of queue pgworker-bench kept for --keep
 (files.keep_queue; the database must have retention). At the end it waits
