@@ -537,13 +537,17 @@ func TestLongTx(t *testing.T) {
 			// Every sample belongs to a phase, in order, and the run's rows
 			// all ended done (LongTx checks it before it returns).
 			last := -1.0
-			claims, empty := 0, 0
+			claims, empty, heard := 0, 0, false
 			for _, s := range res.Samples {
 				if !slices.Contains(names, s.Phase) || s.AtSec <= last || s.Depth < 0 {
 					t.Errorf("sample %+v after %gs", s, last)
 				}
 				last = s.AtSec
 				claims, empty = claims+s.Claims, empty+s.EmptyClaims
+				heard = heard || s.NotifyIdleMaxMS > 0
+				if s.NotifyIdleMaxMS < 0 {
+					t.Errorf("sample %+v: notifications' gap", s)
+				}
 				if s.Claims > 0 && (s.ClaimP50MS <= 0 || s.ClaimMaxMS < s.ClaimP99MS || s.ClaimIdleMaxMS < 0) {
 					t.Errorf("sample %+v: claims' round trips", s)
 				}
@@ -552,6 +556,10 @@ func TestLongTx(t *testing.T) {
 			// one of them, and a claim returns at most a row per slot.
 			if slotsAll := int64(res.Slots * res.Processes); int64(claims-empty)*slotsAll < res.Rows/2 || empty > claims {
 				t.Errorf("samples saw %d claims (%d empty) for %d rows", claims, empty, res.Rows)
+			}
+			// The first runtime's listener heard the producer's inserts.
+			if !heard {
+				t.Errorf("no sample recorded two notifications")
 			}
 			if len(res.Samples) < 3 {
 				t.Errorf("%d samples", len(res.Samples))

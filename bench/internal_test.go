@@ -70,6 +70,23 @@ func TestClaimSteps(t *testing.T) {
 	}
 }
 
+func TestLongestGap(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ts := []time.Time{at(10), at(12), at(40), at(45)}
+	if gap, last := longestGap(ts, at(0)); gap != 28*time.Millisecond || !last.Equal(at(45)) {
+		t.Errorf("gap %v, last %v; want 28ms, %v", gap, last, at(45))
+	}
+	// From the last of the interval before: its 100 ms without one count.
+	if gap, _ := longestGap(ts, at(-100)); gap != 110*time.Millisecond {
+		t.Errorf("gap %v, want 110ms", gap)
+	}
+	if gap, last := longestGap(nil, at(3)); gap != 0 || !last.Equal(at(3)) {
+		t.Errorf("none: gap %v, last %v", gap, last)
+	}
+}
+
 func TestLines(t *testing.T) {
 	t.Parallel()
 	if err := iotest.TestReader(newLines("x/", 3), []byte("x/000000001\nx/000000002\nx/000000003\n")); err != nil {

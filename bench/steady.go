@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgworker/pgworker/listener"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -69,6 +70,11 @@ type Sample struct {
 	ClaimP99MS     float64 `json:"claim_p99_ms"`
 	ClaimMaxMS     float64 `json:"claim_max_ms"`
 	ClaimIdleMaxMS float64 `json:"claim_idle_max_ms"`
+	// NotifyIdleMaxMS is the longest time in the interval without a
+	// notification reaching the first worker runtime's listener: beside
+	// ClaimIdleMaxMS, it tells a pause in what the claimers were told from
+	// a pause of the claimers.
+	NotifyIdleMaxMS float64 `json:"notify_idle_max_ms"`
 	// Depth is the rows inserted (or in an insert under way) and not yet
 	// started.
 	Depth int64 `json:"depth"`
@@ -259,6 +265,24 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		h := &steadyHandler{}
 		outcomes := &outcomeCount{}
 		trace := &claimTrace{}
+		// The first runtime's listener is the benchmark's, with a
+		// subscriber that records each notification, subscribed before the
+		// runtime: rung first on each. It stops after the runtimes.
+		notes := newPickupTrace()
+		lcfg := b.workerPoolConfig(1)
+		l, err := listener.New(&listener.Config{ConnConfig: &lcfg.ConnConfig.Config})
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		lctx, stopListen := context.WithCancel(ctx)
+		var listening sync.WaitGroup
+		defer listening.Wait()
+		defer stopListen()
+		sub := l.Subscribe(Queue)
+		defer sub.Close()
+		listening.Go(func() { notes.notifications(lctx, sub.Doorbell()) })
+		listening.Go(func() { _ = l.Listen(lctx) })
+
 		// Each process a worker runtime with a pool and a LISTEN connection
 		// of its own, as separate processes would have.
 		var ws []*worker.Worker
@@ -276,7 +300,11 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 			if c.processes > 1 {
 				name += "-" + strconv.Itoa(i+1)
 			}
-			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, &params, h, outcomes, trace)
+			var own *listener.Listener
+			if i == 0 {
+				own = l
+			}
+			w, wpool, err := b.steadyWorker(ctx, name, c.slots, c.maxConns, &params, h, outcomes, trace, own)
 			if err != nil {
 				return err
 			}
@@ -301,7 +329,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 			pruning.Go(func() { pr.every(pctx, c.pruneEvery) })
 		}
 
-		s := &sampler{b: b, h: h, ws: ws, outcomes: outcomes, prod: prod, trace: trace, t0: time.Now()}
+		s := &sampler{b: b, h: h, ws: ws, outcomes: outcomes, prod: prod, trace: trace, notes: notes, t0: time.Now()}
 		if err := s.begin(ctx); err != nil {
 			return err
 		}
@@ -359,12 +387,12 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 }
 
 // steadyWorker starts one worker runtime of a steady run, with a pool of its
-// own traced by trace, and the server's claim times when the role may ask
-// for them: once refused, *params is dropped for the runtimes started after
-// it too.
+// own traced by trace, the listener l (nil: one of its own), and the
+// server's claim times when the role may ask for them: once refused,
+// *params is dropped for the runtimes started after it too.
 func (b *Bench) steadyWorker(ctx context.Context, name string, slots, conns int, params *map[string]string,
-	h *steadyHandler, outcomes *outcomeCount, trace *claimTrace) (*worker.Worker, *pgxpool.Pool, error) {
-	cfg := worker.Config{Handler: h, Slots: slots, Observer: outcomes}
+	h *steadyHandler, outcomes *outcomeCount, trace *claimTrace, l *listener.Listener) (*worker.Worker, *pgxpool.Pool, error) {
+	cfg := worker.Config{Handler: h, Slots: slots, Observer: outcomes, Listener: l}
 	for {
 		wpool, err := b.tracedPool(ctx, conns, *params, trace)
 		if err != nil {
@@ -493,10 +521,12 @@ type sampler struct {
 	outcomes *outcomeCount
 	prod     *producer
 	trace    *claimTrace
+	notes    *pickupTrace
 	t0       time.Time
 	samples  []Sample
-	// lastAnswer is when the last claim the samples took was answered.
-	lastAnswer time.Time
+	// lastAnswer is when the last claim the samples took was answered,
+	// lastNote when the last notification they took came.
+	lastAnswer, lastNote time.Time
 
 	phase string
 	// at the last sample
@@ -525,6 +555,7 @@ func (s *sampler) begin(ctx context.Context) error {
 	s.t0 = s.last
 	// The workers' first looks for work are not the samples'.
 	_, _, _, _, s.lastAnswer = claimSteps(s.trace.take(), time.Time{})
+	_, s.lastNote = longestGap(s.notes.takeNotify(), time.Time{})
 	_, err := s.b.tableStats(ctx)
 	return err
 }
@@ -557,12 +588,15 @@ func (s *sampler) sample(ctx context.Context) error {
 	p := percentiles(s.h.takeSample())
 	n, empty, rtt, idle, last := claimSteps(s.trace.take(), s.lastAnswer)
 	s.lastAnswer = last
+	quiet, lastNote := longestGap(s.notes.takeNotify(), s.lastNote)
+	s.lastNote = lastNote
 	s.samples = append(s.samples, Sample{
 		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
 		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
 		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS,
 		Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
-		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), Depth: depth, TableStats: st,
+		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), NotifyIdleMaxMS: round(float64(quiet)/float64(time.Millisecond), 3),
+		Depth: depth, TableStats: st,
 	})
 	s.last, s.lastDone, s.lastIns = now, done, ins
 	s.depthMax = max(s.depthMax, depth)

@@ -97,6 +97,31 @@ func (t *pickupTrace) notifications(ctx context.Context, bell <-chan struct{}) {
 	}
 }
 
+// takeNotify returns the notifications recorded since the last call, in
+// order.
+func (t *pickupTrace) takeNotify() []time.Time {
+	t.mu.Lock()
+	n := t.notify
+	t.notify = nil
+	t.mu.Unlock()
+	slices.SortFunc(n, func(a, b time.Time) int { return a.Compare(b) })
+	return n
+}
+
+// longestGap is the longest time between one of ts (in order) and the one
+// before it, the first from after on (unless after is zero), and the last
+// of them (after when there are none).
+func longestGap(ts []time.Time, after time.Time) (gap time.Duration, last time.Time) {
+	last = after
+	for _, t := range ts {
+		if !last.IsZero() {
+			gap = max(gap, t.Sub(last))
+		}
+		last = t
+	}
+	return gap, last
+}
+
 // steps matches each row from first on with the first notification after
 // its insert was sent, and with the last claim answered before its handler
 // started (the one that returned it).

@@ -309,8 +309,9 @@ waiting (peak mode: the worker runs as fast as it can). Every --sample-every
 it samples rows/s, pickup (the row's created_at to its handler's start) p50
 and p99, the depth (rows inserted and not started), the workers' claim
 queries (how many, how many returned no row, their round trips' p50, p99
-and max, and the longest time no claim was under way), and files.files'
-dead tuples and table and index sizes. At the end it waits for the backlog to
+and max, and the longest time no claim was under way), the longest time
+without a notification, and files.files' dead tuples and table and index
+sizes. At the end it waits for the backlog to
 drain and checks that every row ended done. JSON: phases (rows_per_sec,
 pickup, depth_end, depth_max, claim_ms: the server's mean time per claim,
 end: the table's statistics), held_over_clean, recovery_over_clean,
