@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgworker/pgworker/listener"
 	"github.com/pgworker/pgworker/worker"
 )
 
@@ -73,24 +72,19 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 			return err
 		}
 		defer pool.Close()
-		l, err := listener.New(&listener.Config{ConnConfig: &pool.Config().ConnConfig.Config})
-		if err != nil {
-			return fmt.Errorf("bench: %w", err)
-		}
-		lctx, stopListen := context.WithCancel(ctx)
-		var listening sync.WaitGroup
-		defer listening.Wait()
-		defer stopListen()
-		// Subscribed before the worker: rung first on each notification.
-		// Not with a claim cooldown: a subscriber that never goes quiet
-		// would keep the worker's listener listening through it.
+		// Notifications traced, but not with a claim cooldown: a subscriber
+		// that never goes quiet would keep the worker's listener listening
+		// through it.
 		traced := c.ClaimCooldown == 0
+		var notes *pickupTrace
 		if traced {
-			sub := l.Subscribe(Queue)
-			defer sub.Close()
-			listening.Go(func() { tr.notifications(lctx, sub.Doorbell()) })
+			notes = tr
 		}
-		listening.Go(func() { _ = l.Listen(lctx) })
+		l, stopListen, err := listen(ctx, &pool.Config().ConnConfig.Config, notes)
+		if err != nil {
+			return err
+		}
+		defer stopListen()
 		w, err := b.startWorker(ctx, pool, "latency", worker.Config{
 			Handler: starts, Slots: c.Slots, Listener: l, ClaimCooldown: c.ClaimCooldown,
 		})

@@ -269,19 +269,11 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		// subscriber that records each notification, subscribed before the
 		// runtime: rung first on each. It stops after the runtimes.
 		notes := newPickupTrace()
-		lcfg := b.workerPoolConfig(1)
-		l, err := listener.New(&listener.Config{ConnConfig: &lcfg.ConnConfig.Config})
+		l, stopListen, err := listen(ctx, &b.workerPoolConfig(1).ConnConfig.Config, notes)
 		if err != nil {
-			return fmt.Errorf("bench: %w", err)
+			return err
 		}
-		lctx, stopListen := context.WithCancel(ctx)
-		var listening sync.WaitGroup
-		defer listening.Wait()
 		defer stopListen()
-		sub := l.Subscribe(Queue)
-		defer sub.Close()
-		listening.Go(func() { notes.notifications(lctx, sub.Doorbell()) })
-		listening.Go(func() { _ = l.Listen(lctx) })
 
 		// Each process a worker runtime with a pool and a LISTEN connection
 		// of its own, as separate processes would have.

@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgworker/pgworker/listener"
 )
 
 // LatencySteps are the parts of a pickup, each summarised over the rows.
@@ -95,6 +98,32 @@ func (t *pickupTrace) notifications(ctx context.Context, bell <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// listen starts a listener on cfg's server for a worker runtime to be
+// given and, when t is not nil, a subscriber of Queue subscribed before the
+// runtime (rung first on each notification) that records each in t. stop
+// ends both and waits for them: call it once the runtime has stopped.
+func listen(ctx context.Context, cfg *pgconn.Config, t *pickupTrace) (l *listener.Listener, stop func(), err error) {
+	l, err = listener.New(&listener.Config{ConnConfig: cfg})
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: %w", err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	var sub *listener.Subscription
+	if t != nil {
+		sub = l.Subscribe(Queue)
+		running.Go(func() { t.notifications(lctx, sub.Doorbell()) })
+	}
+	running.Go(func() { _ = l.Listen(lctx) })
+	return l, func() {
+		cancel()
+		running.Wait()
+		if sub != nil {
+			sub.Close()
+		}
+	}, nil
 }
 
 // takeNotify returns the notifications recorded since the last call, in
