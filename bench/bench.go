@@ -375,15 +375,7 @@ func (b *Bench) workerPoolConfig(conns int) *pgxpool.Config {
 
 // workerPool opens a pool of its own for a worker runtime (workerPoolConfig).
 func (b *Bench) workerPool(ctx context.Context, conns int, params map[string]string) (*pgxpool.Pool, error) {
-	cfg := b.workerPoolConfig(conns)
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("bench: open a pool for the worker: %w", err)
-	}
-	return pool, nil
+	return b.tracedPool(ctx, conns, params, nil)
 }
 
 // startWorker starts a worker on Queue and waits until it listens and has

@@ -76,9 +76,9 @@ func (b *Bench) Latency(ctx context.Context, cfg *LatencyConfig) (*LatencyResult
 		// that never goes quiet would keep the worker's listener listening
 		// through it.
 		traced := c.ClaimCooldown == 0
-		var notes *pickupTrace
+		var notes *notifyTrace
 		if traced {
-			notes = tr
+			notes = &tr.notifyTrace
 		}
 		l, stopListen, err := listen(ctx, &pool.Config().ConnConfig.Config, notes)
 		if err != nil {

@@ -268,7 +268,7 @@ func (b *Bench) steady(ctx context.Context, c steadyConfig) (*steadyResult, erro
 		// The first runtime's listener is the benchmark's, with a
 		// subscriber that records each notification, subscribed before the
 		// runtime: rung first on each. It stops after the runtimes.
-		notes := newPickupTrace()
+		notes := &notifyTrace{}
 		l, stopListen, err := listen(ctx, &b.workerPoolConfig(1).ConnConfig.Config, notes)
 		if err != nil {
 			return err
@@ -513,7 +513,7 @@ type sampler struct {
 	outcomes *outcomeCount
 	prod     *producer
 	trace    *claimTrace
-	notes    *pickupTrace
+	notes    *notifyTrace
 	t0       time.Time
 	samples  []Sample
 	// lastAnswer is when the last claim the samples took was answered,

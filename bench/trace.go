@@ -34,9 +34,14 @@ type LatencySteps struct {
 // listener and when each claim query was sent and answered. It is the
 // benchmark's: the worker runtime knows nothing of it.
 type pickupTrace struct {
+	claimTrace
+	notifyTrace
+}
+
+// notifyTrace records when notifications reached a listener.
+type notifyTrace struct {
 	mu     sync.Mutex
 	notify []time.Time
-	claims []span // in the order they ended
 }
 
 type span struct{ sent, answered time.Time }
@@ -45,7 +50,9 @@ type traceKey struct{}
 
 func newPickupTrace() *pickupTrace { return &pickupTrace{} }
 
-// tracedPool is workerPool with t tracing its queries.
+// tracedPool opens a pool of its own for a worker runtime
+// (workerPoolConfig) with params set on its connections and t, if not nil,
+// tracing its queries.
 func (b *Bench) tracedPool(ctx context.Context, conns int, params map[string]string, t pgx.QueryTracer) (*pgxpool.Pool, error) {
 	cfg := b.workerPoolConfig(conns)
 	for k, v := range params {
@@ -59,34 +66,8 @@ func (b *Bench) tracedPool(ctx context.Context, conns int, params map[string]str
 	return pool, nil
 }
 
-// TraceQueryStart notes when a claim query is sent.
-func (t *pickupTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	return claimSent(ctx, d.SQL)
-}
-
-// claimSent notes in ctx when the query sql was sent, if it claims.
-func claimSent(ctx context.Context, sql string) context.Context {
-	if !strings.Contains(sql, "files.claim") {
-		return ctx
-	}
-	return context.WithValue(ctx, traceKey{}, time.Now())
-}
-
-// TraceQueryEnd notes when its answer came back: pgx ends the trace once
-// the rows are read.
-func (t *pickupTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	sent, ok := ctx.Value(traceKey{}).(time.Time)
-	if !ok {
-		return
-	}
-	now := time.Now()
-	t.mu.Lock()
-	t.claims = append(t.claims, span{sent: sent, answered: now})
-	t.mu.Unlock()
-}
-
 // notifications records each ring of bell until ctx ends.
-func (t *pickupTrace) notifications(ctx context.Context, bell <-chan struct{}) {
+func (t *notifyTrace) notifications(ctx context.Context, bell <-chan struct{}) {
 	for {
 		select {
 		case <-bell:
@@ -104,7 +85,7 @@ func (t *pickupTrace) notifications(ctx context.Context, bell <-chan struct{}) {
 // given and, when t is not nil, a subscriber of Queue subscribed before the
 // runtime (rung first on each notification) that records each in t. stop
 // ends both and waits for them: call it once the runtime has stopped.
-func listen(ctx context.Context, cfg *pgconn.Config, t *pickupTrace) (l *listener.Listener, stop func(), err error) {
+func listen(ctx context.Context, cfg *pgconn.Config, t *notifyTrace) (l *listener.Listener, stop func(), err error) {
 	l, err = listener.New(&listener.Config{ConnConfig: cfg})
 	if err != nil {
 		return nil, nil, fmt.Errorf("bench: %w", err)
@@ -128,7 +109,7 @@ func listen(ctx context.Context, cfg *pgconn.Config, t *pickupTrace) (l *listene
 
 // takeNotify returns the notifications recorded since the last call, in
 // order.
-func (t *pickupTrace) takeNotify() []time.Time {
+func (t *notifyTrace) takeNotify() []time.Time {
 	t.mu.Lock()
 	n := t.notify
 	t.notify = nil
@@ -155,12 +136,14 @@ func longestGap(ts []time.Time, after time.Time) (gap time.Duration, last time.T
 // its insert was sent, and with the last claim answered before its handler
 // started (the one that returned it).
 func (t *pickupTrace) steps(in *inserts, starts *pickups, first int) *LatencySteps {
-	t.mu.Lock()
+	t.notifyTrace.mu.Lock()
 	notify := slices.Clone(t.notify)
+	t.notifyTrace.mu.Unlock()
+	t.claimTrace.mu.Lock()
 	claims := slices.Clone(t.claims)
-	t.mu.Unlock()
+	t.claimTrace.mu.Unlock()
 	slices.SortFunc(notify, func(a, b time.Time) int { return a.Compare(b) })
-	slices.SortFunc(claims, func(a, b span) int { return a.answered.Compare(b.answered) })
+	slices.SortFunc(claims, func(a, b claimSpan) int { return a.answered.Compare(b.answered) })
 	var c2n, n2c, cl, c2h []time.Duration
 	for seq := first; seq < len(in.ids); seq++ {
 		h, ok := starts.at(in.ids[seq])
@@ -168,7 +151,7 @@ func (t *pickupTrace) steps(in *inserts, starts *pickups, first int) *LatencySte
 			continue
 		}
 		i, _ := slices.BinarySearchFunc(notify, in.sent[seq], func(a, b time.Time) int { return a.Compare(b) })
-		j, _ := slices.BinarySearchFunc(claims, h, func(a span, b time.Time) int { return a.answered.Compare(b) })
+		j, _ := slices.BinarySearchFunc(claims, h, func(a claimSpan, b time.Time) int { return a.answered.Compare(b) })
 		if i >= len(notify) || j == 0 {
 			continue
 		}
@@ -185,9 +168,8 @@ func (t *pickupTrace) steps(in *inserts, starts *pickups, first int) *LatencySte
 		Claim: percentiles(cl), ClaimToHandler: percentiles(c2h)}
 }
 
-// claimTrace records, for the steady modes' samples, each claim query the
-// workers' pools sent: when, how long its answer took and whether it
-// returned rows. It is the benchmark's: the worker runtime knows nothing of
+// claimTrace records each claim query of the pools it traces: when it was
+// sent, when its answer came back and whether it returned rows. It is the benchmark's: the worker runtime knows nothing of
 // it.
 type claimTrace struct {
 	mu     sync.Mutex
@@ -201,7 +183,10 @@ type claimSpan struct {
 
 // TraceQueryStart notes when a claim query is sent.
 func (t *claimTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	return claimSent(ctx, d.SQL)
+	if !strings.Contains(d.SQL, "files.claim") {
+		return ctx
+	}
+	return context.WithValue(ctx, traceKey{}, time.Now())
 }
 
 // TraceQueryEnd notes its answer: pgx ends the trace once the rows are
