@@ -537,7 +537,7 @@ func TestLongTx(t *testing.T) {
 			// Every sample belongs to a phase, in order, and the run's rows
 			// all ended done (LongTx checks it before it returns).
 			last := -1.0
-			claims, empty, heard := 0, 0, false
+			claims, empty, heard, inserts := 0, 0, false, false
 			for _, s := range res.Samples {
 				if !slices.Contains(names, s.Phase) || s.AtSec <= last || s.Depth < 0 {
 					t.Errorf("sample %+v after %gs", s, last)
@@ -550,6 +550,21 @@ func TestLongTx(t *testing.T) {
 				}
 				if s.Claims > 0 && (s.ClaimP50MS <= 0 || s.ClaimMaxMS < s.ClaimP99MS || s.ClaimIdleMaxMS < 0) {
 					t.Errorf("sample %+v: claims' round trips", s)
+				}
+				// From the insert's answer, a pickup is shorter than from
+				// its created_at: that adds the insert's own round trip.
+				if s.PickupFromReturnP50MS < 0 || s.PickupFromReturnP50MS > s.PickupP50MS ||
+					s.PickupFromReturnP99MS > s.PickupP99MS || s.InsertMaxMS < s.InsertP99MS {
+					t.Errorf("sample %+v: pickups from the insert's answer, or its round trips", s)
+				}
+				inserts = inserts || s.InsertP99MS > 0
+			}
+			if !inserts {
+				t.Errorf("no sample timed the producer's inserts")
+			}
+			for _, p := range res.Phases {
+				if p.Pickup.P50MS > 0 && (p.PickupFromReturn.P50MS > p.Pickup.P50MS || p.Insert.P50MS <= 0) {
+					t.Errorf("phase %s: pickup %+v, from the insert's answer %+v, inserts %+v", p.Name, p.Pickup, p.PickupFromReturn, p.Insert)
 				}
 			}
 			// The samples saw the workers' claims: each row was returned by

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -84,6 +85,37 @@ func TestLongestGap(t *testing.T) {
 	}
 	if gap, last := longestGap(nil, at(3)); gap != 0 || !last.Equal(at(3)) {
 		t.Errorf("none: gap %v, last %v", gap, last)
+	}
+}
+
+func TestPickupsFromReturn(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// Rows 0-9 came back at 10 ms, 10-14 at 50.
+	p := &producer{returned: []insertReturn{{first: 0, last: 9, at: at(10)}, {first: 10, last: 14, at: at(50)}}}
+	starts := []rowStart{
+		{seq: 3, at: at(12), created: 20 * time.Millisecond},
+		{seq: 9, at: at(30), created: 38 * time.Millisecond},
+		{seq: 10, at: at(45), created: 40 * time.Millisecond}, // before its insert's answer
+		{seq: 14, at: at(53), created: 48 * time.Millisecond},
+		{seq: 15, at: at(60), created: 1 * time.Millisecond}, // its insert not answered yet
+		{seq: -1, at: at(61), created: 7 * time.Millisecond}, // not the producer's
+	}
+	created, returned := p.pickups(starts)
+	if want := []time.Duration{20, 38, 40, 48, 1, 7}; len(created) != len(want) {
+		t.Fatalf("from created_at %v", created)
+	} else {
+		for i := range want {
+			if created[i] != want[i]*time.Millisecond {
+				t.Errorf("from created_at %v, want %v ms", created, want)
+				break
+			}
+		}
+	}
+	want := []time.Duration{2 * time.Millisecond, 20 * time.Millisecond, 0, 3 * time.Millisecond, 0}
+	if !slices.Equal(returned, want) {
+		t.Errorf("from the insert's return %v, want %v", returned, want)
 	}
 }
 

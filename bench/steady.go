@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +40,10 @@ FROM pg_stat_user_tables s WHERE s.relid = 'files.files'::regclass`
 // pruner calls it again while it deletes that many.
 const pruneBatch = 10_000
 
+// steadySource is the prefix of the producer's rows' sources, before the
+// row's number in the run.
+const steadySource = "steady/"
+
 // steadyTick is how often the producer looks at the clock or the depth.
 const steadyTick = 10 * time.Millisecond
 
@@ -56,9 +63,17 @@ type Sample struct {
 	RowsPerSec     float64 `json:"rows_per_sec"`
 	InsertedPerSec float64 `json:"inserted_per_sec"`
 	// Pickup is from the row's insert (its created_at) to its handler's
-	// start, for the rows started in the interval.
-	PickupP50MS float64 `json:"pickup_p50_ms"`
-	PickupP99MS float64 `json:"pickup_p99_ms"`
+	// start, for the rows started in the interval; PickupFromReturn from
+	// the moment the insert's answer came back to the producer, its commit
+	// done (0 for a row started before that). The difference is the
+	// insert's own time: Insert is the round trips of the producer's
+	// inserts answered in the interval (sent → answered, commit included).
+	PickupP50MS           float64 `json:"pickup_p50_ms"`
+	PickupP99MS           float64 `json:"pickup_p99_ms"`
+	PickupFromReturnP50MS float64 `json:"pickup_from_return_p50_ms"`
+	PickupFromReturnP99MS float64 `json:"pickup_from_return_p99_ms"`
+	InsertP99MS           float64 `json:"insert_p99_ms"`
+	InsertMaxMS           float64 `json:"insert_max_ms"`
 	// Claims is the claim queries the workers' pools had answered in the
 	// interval, EmptyClaims those that returned no row, and Claim their
 	// round trips (sent → answered); ClaimIdleMaxMS is the longest time in
@@ -103,9 +118,12 @@ type PhaseResult struct {
 	// the producer's rate.
 	RowsPerSec     float64 `json:"rows_per_sec"`
 	InsertedPerSec float64 `json:"inserted_per_sec"`
-	// Pickup is from insert to handler start of the rows started in the
-	// phase.
-	Pickup Percentiles `json:"pickup"`
+	// Pickup is from insert (created_at) to handler start of the rows
+	// started in the phase; PickupFromReturn from the insert's answer, and
+	// Insert the inserts' round trips, as in Sample.
+	Pickup           Percentiles `json:"pickup"`
+	PickupFromReturn Percentiles `json:"pickup_from_return"`
+	Insert           Percentiles `json:"insert"`
 	// DepthEnd is the rows inserted (or in an insert under way) and not
 	// started at the end of the phase;
 	// DepthMax the largest depth sampled in it.
@@ -157,40 +175,74 @@ type steadyResult struct {
 }
 
 // steadyHandler is the steady modes' no-op handler: it counts the rows it
-// starts and keeps their pickup times for the sample and the phase.
+// starts and keeps, for the sample and the phase, when each started.
 type steadyHandler struct {
 	started atomic.Int64
 	mu      sync.Mutex
-	sample  []time.Duration
-	phase   []time.Duration
+	sample  []rowStart
+	phase   []rowStart
+}
+
+// rowStart is when the handler started the producer's row seq (its source
+// is "steady/seq"), and how long after its insert's created_at.
+type rowStart struct {
+	seq     int64
+	at      time.Time
+	created time.Duration
 }
 
 func (h *steadyHandler) Handle(_ context.Context, job *worker.Job) (*worker.Result, error) {
-	d := time.Since(job.CreatedAt)
+	now := time.Now()
+	seq, err := strconv.ParseInt(strings.TrimPrefix(job.Source, steadySource), 10, 64)
+	if err != nil {
+		seq = -1 // not the producer's: counted from created_at alone
+	}
+	r := rowStart{seq: seq, at: now, created: now.Sub(job.CreatedAt)}
 	h.mu.Lock()
-	h.sample = append(h.sample, d)
-	h.phase = append(h.phase, d)
+	h.sample = append(h.sample, r)
+	h.phase = append(h.phase, r)
 	h.mu.Unlock()
 	h.started.Add(1)
 	return nil, nil
 }
 
-// takeSample returns the pickup times since the last call.
-func (h *steadyHandler) takeSample() []time.Duration {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.sample
-	h.sample = nil
-	return s
+// takeSample returns the rows started since the last call.
+func (h *steadyHandler) takeSample() []rowStart { return take(&h.mu, &h.sample) }
+
+// takePhase returns the rows started since the last call.
+func (h *steadyHandler) takePhase() []rowStart { return take(&h.mu, &h.phase) }
+
+// take empties *s under mu and returns what it held.
+func take[T any](mu *sync.Mutex, s *[]T) []T {
+	mu.Lock()
+	defer mu.Unlock()
+	t := *s
+	*s = nil
+	return t
 }
 
-// takePhase returns the pickup times since the last call.
-func (h *steadyHandler) takePhase() []time.Duration {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.phase
-	h.phase = nil
-	return s
+// pickups returns the rows' pickup times from their created_at, and from
+// the moment their insert's answer came back to the producer (0 for a row
+// started before that: its commit was visible before the answer arrived).
+func (p *producer) pickups(starts []rowStart) (fromCreated, fromReturn []time.Duration) {
+	fromCreated = make([]time.Duration, len(starts))
+	fromReturn = make([]time.Duration, 0, len(starts))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, r := range starts {
+		fromCreated[i] = r.created
+		if r.seq < 0 {
+			continue
+		}
+		// The first insert whose rows reach seq.
+		j, _ := slices.BinarySearchFunc(p.returned, r.seq, func(m insertReturn, seq int64) int { return cmp.Compare(m.last, seq) })
+		if j == len(p.returned) || p.returned[j].first > r.seq {
+			fromReturn = append(fromReturn, 0) // its insert has not answered yet
+			continue
+		}
+		fromReturn = append(fromReturn, max(r.at.Sub(p.returned[j].at), 0))
+	}
+	return fromCreated, fromReturn
 }
 
 // producer inserts rows of Queue at a fixed rate, or keeping a depth.
@@ -200,7 +252,28 @@ type producer struct {
 	depth    int64
 	started  *atomic.Int64 // rows the handler started, for the depth
 	inserted atomic.Int64
+
+	mu sync.Mutex
+	// returned is when each insert's answer came back, in order; trips
+	// and phaseTrips the round trips (sent → answered, its commit
+	// included) of those answered since the sample's and the phase's start.
+	returned   []insertReturn
+	trips      []time.Duration
+	phaseTrips []time.Duration
 }
+
+// insertReturn is when the answer to the insert of rows first to last came
+// back to the producer.
+type insertReturn struct {
+	first, last int64
+	at          time.Time
+}
+
+// takeTrips returns the inserts' round trips since the last call.
+func (p *producer) takeTrips() []time.Duration { return take(&p.mu, &p.trips) }
+
+// takePhaseTrips returns the inserts' round trips since the last call.
+func (p *producer) takePhaseTrips() []time.Duration { return take(&p.mu, &p.phaseTrips) }
 
 // run inserts until stop is closed (an insert that ctx cut short could
 // have committed, and the count would be wrong). At a fixed rate it
@@ -224,9 +297,16 @@ func (p *producer) run(ctx context.Context, stop <-chan struct{}) error {
 			// its answer comes back, and a depth read meanwhile would be
 			// below zero. A failed insert ends the run.
 			p.inserted.Add(n)
-			if _, err := p.pool.Exec(ctx, sqlInsertMany, Queue, "steady/", have, have+n-1); err != nil {
+			sent := time.Now()
+			if _, err := p.pool.Exec(ctx, sqlInsertMany, Queue, steadySource, have, have+n-1); err != nil {
 				return fmt.Errorf("bench: insert: %w", explain(err))
 			}
+			back := time.Now()
+			p.mu.Lock()
+			p.returned = append(p.returned, insertReturn{first: have, last: have + n - 1, at: back})
+			p.trips = append(p.trips, back.Sub(sent))
+			p.phaseTrips = append(p.phaseTrips, back.Sub(sent))
+			p.mu.Unlock()
 		}
 		select {
 		case <-tick.C:
@@ -562,6 +642,7 @@ func (s *sampler) phaseStart(name string) time.Time {
 	s.phaseStats, _ = s.b.tableStats(context.Background())
 	s.depthMax = 0
 	s.h.takePhase()
+	s.prod.takePhaseTrips()
 	return now
 }
 
@@ -577,7 +658,9 @@ func (s *sampler) sample(ctx context.Context) error {
 		return err
 	}
 	secs := now.Sub(s.last).Seconds()
-	p := percentiles(s.h.takeSample())
+	created, returned := s.prod.pickups(s.h.takeSample())
+	p, pr := percentiles(created), percentiles(returned)
+	trip := percentiles(s.prod.takeTrips())
 	n, empty, rtt, idle, last := claimSteps(s.trace.take(), s.lastAnswer)
 	s.lastAnswer = last
 	quiet, lastNote := longestGap(s.notes.takeNotify(), s.lastNote)
@@ -585,7 +668,8 @@ func (s *sampler) sample(ctx context.Context) error {
 	s.samples = append(s.samples, Sample{
 		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
 		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
-		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS,
+		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS, PickupFromReturnP50MS: pr.P50MS, PickupFromReturnP99MS: pr.P99MS,
+		InsertP99MS: trip.P99MS, InsertMaxMS: trip.MaxMS,
 		Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
 		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), NotifyIdleMaxMS: round(float64(quiet)/float64(time.Millisecond), 3),
 		Depth: depth, TableStats: st,
@@ -603,10 +687,12 @@ func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, 
 	if err != nil {
 		return nil, err
 	}
+	created, returned := s.prod.pickups(s.h.takePhase())
 	pr := &PhaseResult{
 		Name: s.phase, Seconds: round(secs, 1),
 		RowsPerSec: round(float64(done-s.phaseDone)/secs, 1), InsertedPerSec: round(float64(ins-s.phaseIns)/secs, 1),
-		Pickup: percentiles(s.h.takePhase()), DepthEnd: ins - started, DepthMax: s.depthMax,
+		Pickup: percentiles(created), PickupFromReturn: percentiles(returned), Insert: percentiles(s.prod.takePhaseTrips()),
+		DepthEnd: ins - started, DepthMax: s.depthMax,
 		Claims: s.claims() - s.phaseClaims, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
 	}
 	if fn, err := s.b.functionStats(ctx); err == nil && s.phaseFn != nil {

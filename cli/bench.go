@@ -306,16 +306,18 @@ connection of its own holds its snapshot open, so that no dead row of
 files.files can be removed; and recovery. The
 producer inserts --rate rows per second, or with --depth keeps that many rows
 waiting (peak mode: the worker runs as fast as it can). Every --sample-every
-it samples rows/s, pickup (the row's created_at to its handler's start) p50
-and p99, the depth (rows inserted and not started), the workers' claim
-queries (how many, how many returned no row, their round trips' p50, p99
-and max, and the longest time no claim was under way), the longest time
+it samples rows/s, pickup p50 and p99 (from the row's created_at to its
+handler's start, and from the moment its insert's commit returned to the
+producer, as bench latency counts it), the producer's inserts' round trips
+(p99 and max), the depth (rows inserted and not started), the workers'
+claim queries (how many, how many returned no row, their round trips' p50,
+p99 and max, and the longest time no claim was under way), the longest time
 without a notification, and files.files' dead tuples and table and index
 sizes. At the end it waits for the backlog to
 drain and checks that every row ended done. JSON: phases (rows_per_sec,
-pickup, depth_end, depth_max, claim_ms: the server's mean time per claim,
-end: the table's statistics), held_over_clean, recovery_over_clean,
-samples.`,
+pickup, pickup_from_return, insert, depth_end, depth_max, claim_ms: the
+server's mean time per claim, end: the table's statistics),
+held_over_clean, recovery_over_clean, samples.`,
 		examples: "pgworker bench long-tx --rate 1000 --slots 16\npgworker bench long-tx --rate 200 --processes 4 --slots 4\npgworker bench long-tx --depth 5000 --slots 64 --phase 60s --json",
 	},
 	"soak": {

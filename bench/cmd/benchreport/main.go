@@ -420,13 +420,30 @@ func (rp *report) longTxGoals() []goal {
 		return gs
 	}
 	held := result(phase(r, "idle-in-tx"))
-	depth, p99, rate := held.n("depth_end"), held.n("pickup.p99_ms"), held.n("rows_per_sec")
+	depth, rate := held.n("depth_end"), held.n("rows_per_sec")
 	gs = append(gs, goal{"held snapshot: 1,000 rows/s at 16 slots", keepTarget,
 		fmt.Sprintf("%s rows/s, %s waiting at the end", thousands(rate), thousands(depth)),
 		verdict(depth <= 1000, fmt.Sprintf("%s rows behind", thousands(depth)))})
-	gs = append(gs, goal{"held snapshot: pickup p99", p99Target, fmt.Sprintf("%.1f ms", p99),
+	p99, measured := heldPickup(held)
+	gs = append(gs, goal{"held snapshot: pickup p99", p99Target, measured,
 		verdict(p99 < 20, fmt.Sprintf("%.1f ms over", p99-20))})
 	return gs
+}
+
+// heldPickup is the pickup p99 of a long-tx phase that the goals judge,
+// and how the report says it. Pickup runs from the insert's commit
+// returning to the handler's start, as bench latency measures it; a run
+// from before the benchmark timed the producer's inserts has only the
+// pickup from the row's created_at, which holds the insert's own round
+// trip and commit too.
+func heldPickup(ph result) (float64, string) {
+	fromCreated := ph.n("pickup.p99_ms")
+	v, ok := ph.num("pickup_from_return.p99_ms")
+	if !ok || ph.n("insert.p50_ms") <= 0 {
+		return fromCreated, fmt.Sprintf("%.1f ms (from created_at)", fromCreated)
+	}
+	return v, fmt.Sprintf("%.1f ms from the insert's answer; %.1f ms from its created_at (the producer's inserts p99 %.1f ms, max %.1f ms)",
+		v, fromCreated, ph.n("insert.p99_ms"), ph.n("insert.max_ms"))
 }
 
 // fleetLongTxGoal: with a snapshot held open, four processes of four slots
@@ -441,8 +458,8 @@ func (rp *report) fleetLongTxGoal(target string) goal {
 		return notMeasured(name, target, "no long-tx run at --rate 1000 --processes 4 --slots 4")
 	}
 	held := result(phase(r, "idle-in-tx"))
-	p99 := held.n("pickup.p99_ms")
-	return goal{name, target, fmt.Sprintf("%.1f ms (%s rows/s, %s waiting at the end)", p99,
+	p99, measured := heldPickup(held)
+	return goal{name, target, fmt.Sprintf("%s; %s rows/s, %s waiting at the end", measured,
 		thousands(held.n("rows_per_sec")), thousands(held.n("depth_end"))),
 		verdict(p99 < 20, fmt.Sprintf("%.1f ms over", p99-20))}
 }
@@ -1489,11 +1506,14 @@ func renderLongTx(p printer, rp *report) {
 	p("A producer and one worker process (or several, each with its own connections, woken by\n")
 	p("every notification), through phases clean, idle-in-tx (a REPEATABLE READ\n")
 	p("transaction on a connection of its own holds its snapshot open, so no dead row can be\n")
-	p("removed) and recovery. Pickup runs from the row's insert to its handler's start; depth\n")
-	p("is the rows inserted and not started; claim is the server's mean time per claim; the\n")
-	p("table's statistics are at the end of the phase.\n\n")
-	p("| load | slots | phase | rows/s | pickup p50 | pickup p99 | depth at end | claim | dead tuples | table | claim index |\n")
-	p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	p("removed) and recovery. Pickup runs from the moment the insert's commit returned to the\n")
+	p("producer to the handler's start, as in bench latency (0 for a row started before the\n")
+	p("answer came back); from created_at, the insert's own round trip and commit count too;\n")
+	p("insert is the producer's inserts' round trips (one every 10 ms, each of the rows due).\n")
+	p("Depth is the rows inserted and not started; claim is the server's mean time per claim;\n")
+	p("the table's statistics are at the end of the phase.\n\n")
+	p("| load | slots | phase | rows/s | pickup p50 | pickup p99 | from created_at p50 / p99 | insert p99 / max | depth at end | claim | dead tuples | table | claim index |\n")
+	p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		load := fmt.Sprintf("%s rows/s", thousands(r.n("rate")))
 		if r.n("depth") > 0 {
@@ -1506,8 +1526,15 @@ func renderLongTx(p printer, rp *report) {
 		ps, _ := r["phases"].([]any)
 		for _, x := range ps {
 			ph := result(x.(map[string]any))
-			p("| %s | %s | %s (%gs) | **%s** | %.1f ms | **%.1f ms** | %s | %.2f ms | %s | %.1f MiB | %.2f MiB |\n", load, slots,
-				ph.str("name"), ph.n("seconds"), thousands(ph.n("rows_per_sec")), ph.n("pickup.p50_ms"), ph.n("pickup.p99_ms"),
+			// A run from before the inserts were timed: its pickup is
+			// from created_at alone.
+			p50, p99, created, insert := "", "", fmt.Sprintf("%.1f / %.1f ms", ph.n("pickup.p50_ms"), ph.n("pickup.p99_ms")), ""
+			if ph.n("insert.p50_ms") > 0 {
+				p50, p99 = fmt.Sprintf("%.1f ms", ph.n("pickup_from_return.p50_ms")), fmt.Sprintf("**%.1f ms**", ph.n("pickup_from_return.p99_ms"))
+				insert = fmt.Sprintf("%.1f / %.1f ms", ph.n("insert.p99_ms"), ph.n("insert.max_ms"))
+			}
+			p("| %s | %s | %s (%gs) | **%s** | %s | %s | %s | %s | %s | %.2f ms | %s | %.1f MiB | %.2f MiB |\n", load, slots,
+				ph.str("name"), ph.n("seconds"), thousands(ph.n("rows_per_sec")), p50, p99, created, insert,
 				thousands(ph.n("depth_end")), ph.n("claim_ms"), thousands(ph.n("end.dead_tuples")), ph.n("end.table_bytes")/(1<<20),
 				ph.n("end.claim_index_bytes")/(1<<20))
 		}
