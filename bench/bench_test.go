@@ -537,7 +537,7 @@ func TestLongTx(t *testing.T) {
 			// Every sample belongs to a phase, in order, and the run's rows
 			// all ended done (LongTx checks it before it returns).
 			last := -1.0
-			claims, empty, heard, inserts := 0, 0, false, false
+			claims, empty, heard, inserts, outcomes := 0, 0, false, false, false
 			for _, s := range res.Samples {
 				if !slices.Contains(names, s.Phase) || s.AtSec <= last || s.Depth < 0 {
 					t.Errorf("sample %+v after %gs", s, last)
@@ -554,13 +554,14 @@ func TestLongTx(t *testing.T) {
 				// From the insert's answer, a pickup is shorter than from
 				// its created_at: that adds the insert's own round trip.
 				if s.PickupFromReturnP50MS < 0 || s.PickupFromReturnP50MS > s.PickupP50MS ||
-					s.PickupFromReturnP99MS > s.PickupP99MS || s.InsertMaxMS < s.InsertP99MS {
-					t.Errorf("sample %+v: pickups from the insert's answer, or its round trips", s)
+					s.PickupFromReturnP99MS > s.PickupP99MS || s.InsertMaxMS < s.InsertP99MS || s.OutcomeMaxMS < s.OutcomeP99MS {
+					t.Errorf("sample %+v: pickups from the insert's answer, or the inserts' or outcomes' round trips", s)
 				}
 				inserts = inserts || s.InsertP99MS > 0
+				outcomes = outcomes || s.OutcomeP99MS > 0
 			}
-			if !inserts {
-				t.Errorf("no sample timed the producer's inserts")
+			if !inserts || !outcomes {
+				t.Errorf("the samples timed the producer's inserts: %v, the workers' outcome calls: %v", inserts, outcomes)
 			}
 			for _, p := range res.Phases {
 				if p.Pickup.P50MS > 0 && (p.PickupFromReturn.P50MS > p.Pickup.P50MS || p.Insert.P50MS <= 0) {

@@ -85,6 +85,12 @@ type Sample struct {
 	ClaimP99MS     float64 `json:"claim_p99_ms"`
 	ClaimMaxMS     float64 `json:"claim_max_ms"`
 	ClaimIdleMaxMS float64 `json:"claim_idle_max_ms"`
+	// Outcome is the round trips of the workers' outcome calls answered in
+	// the interval (files.complete and complete_many, each commit flushed):
+	// a process's slots wait for them once as many outcomes are
+	// unrecorded as it has slots.
+	OutcomeP99MS float64 `json:"outcome_p99_ms"`
+	OutcomeMaxMS float64 `json:"outcome_max_ms"`
 	// NotifyIdleMaxMS is the longest time in the interval without a
 	// notification reaching the first worker runtime's listener: beside
 	// ClaimIdleMaxMS, it tells a pause in what the claimers were told from
@@ -627,6 +633,7 @@ func (s *sampler) begin(ctx context.Context) error {
 	s.t0 = s.last
 	// The workers' first looks for work are not the samples'.
 	_, _, _, _, s.lastAnswer = claimSteps(s.trace.take(), time.Time{})
+	s.trace.takeOutcomes()
 	_, s.lastNote = longestGap(s.notes.takeNotify(), time.Time{})
 	_, err := s.b.tableStats(ctx)
 	return err
@@ -660,7 +667,7 @@ func (s *sampler) sample(ctx context.Context) error {
 	secs := now.Sub(s.last).Seconds()
 	created, returned := s.prod.pickups(s.h.takeSample())
 	p, pr := percentiles(created), percentiles(returned)
-	trip := percentiles(s.prod.takeTrips())
+	trip, outcome := percentiles(s.prod.takeTrips()), percentiles(s.trace.takeOutcomes())
 	n, empty, rtt, idle, last := claimSteps(s.trace.take(), s.lastAnswer)
 	s.lastAnswer = last
 	quiet, lastNote := longestGap(s.notes.takeNotify(), s.lastNote)
@@ -669,7 +676,7 @@ func (s *sampler) sample(ctx context.Context) error {
 		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
 		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
 		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS, PickupFromReturnP50MS: pr.P50MS, PickupFromReturnP99MS: pr.P99MS,
-		InsertP99MS: trip.P99MS, InsertMaxMS: trip.MaxMS,
+		InsertP99MS: trip.P99MS, InsertMaxMS: trip.MaxMS, OutcomeP99MS: outcome.P99MS, OutcomeMaxMS: outcome.MaxMS,
 		Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
 		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), NotifyIdleMaxMS: round(float64(quiet)/float64(time.Millisecond), 3),
 		Depth: depth, TableStats: st,

@@ -169,12 +169,19 @@ func (t *pickupTrace) steps(in *inserts, starts *pickups, first int) *LatencySte
 }
 
 // claimTrace records each claim query of the pools it traces: when it was
-// sent, when its answer came back and whether it returned rows. It is the benchmark's: the worker runtime knows nothing of
-// it.
+// sent, when its answer came back and whether it returned rows; and the
+// round trips of the outcome calls (files.complete and complete_many), whose
+// commits the slots of a process wait for once as many outcomes are
+// unrecorded as it has slots. It is the benchmark's: the worker runtime
+// knows nothing of it.
 type claimTrace struct {
-	mu     sync.Mutex
-	claims []claimSpan // in the order they ended
+	mu       sync.Mutex
+	claims   []claimSpan // in the order they ended
+	outcomes []time.Duration
 }
+
+// outcomeKey marks an outcome call's trace, as traceKey a claim's.
+type outcomeKey struct{}
 
 type claimSpan struct {
 	span
@@ -183,15 +190,25 @@ type claimSpan struct {
 
 // TraceQueryStart notes when a claim query is sent.
 func (t *claimTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if !strings.Contains(d.SQL, "files.claim") {
-		return ctx
+	switch {
+	case strings.Contains(d.SQL, "files.claim"):
+		return context.WithValue(ctx, traceKey{}, time.Now())
+	case strings.Contains(d.SQL, "files.complete"):
+		return context.WithValue(ctx, outcomeKey{}, time.Now())
 	}
-	return context.WithValue(ctx, traceKey{}, time.Now())
+	return ctx
 }
 
 // TraceQueryEnd notes its answer: pgx ends the trace once the rows are
 // read, with the command tag that counts them.
 func (t *claimTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if sent, ok := ctx.Value(outcomeKey{}).(time.Time); ok {
+		d := time.Since(sent)
+		t.mu.Lock()
+		t.outcomes = append(t.outcomes, d)
+		t.mu.Unlock()
+		return
+	}
 	sent, ok := ctx.Value(traceKey{}).(time.Time)
 	if !ok {
 		return
@@ -212,6 +229,10 @@ func (t *claimTrace) take() []claimSpan {
 	slices.SortFunc(c, func(a, b claimSpan) int { return a.sent.Compare(b.sent) })
 	return c
 }
+
+// takeOutcomes returns the round trips of the outcome calls that ended
+// since the last call.
+func (t *claimTrace) takeOutcomes() []time.Duration { return take(&t.mu, &t.outcomes) }
 
 // claimSteps sums up claims (as take returns them) for a sample: how many,
 // how many returned no row, their round trips, and the longest time during

@@ -308,8 +308,8 @@ producer inserts --rate rows per second, or with --depth keeps that many rows
 waiting (peak mode: the worker runs as fast as it can). Every --sample-every
 it samples rows/s, pickup p50 and p99 (from the row's created_at to its
 handler's start, and from the moment its insert's commit returned to the
-producer, as bench latency counts it), the producer's inserts' round trips
-(p99 and max), the depth (rows inserted and not started), the workers'
+producer, as bench latency counts it), the round trips (p99 and max) of
+the producer's inserts and of the workers' outcome calls, the depth (rows inserted and not started), the workers'
 claim queries (how many, how many returned no row, their round trips' p50,
 p99 and max, and the longest time no claim was under way), the longest time
 without a notification, and files.files' dead tuples and table and index
