@@ -530,6 +530,10 @@ func TestLongTx(t *testing.T) {
 				if p.DepthEnd < 0 || p.DepthMax < 0 {
 					t.Errorf("phase %s: depth at end %d, max %d", p.Name, p.DepthEnd, p.DepthMax)
 				}
+				// Each row done wrote WAL: its claim and its outcome at least.
+				if p.RowsPerSec > 0 && p.WALBytesPerRow <= 0 {
+					t.Errorf("phase %s: %g bytes of WAL per row", p.Name, p.WALBytesPerRow)
+				}
 			}
 			if strings.Join(names, ",") != "clean,idle-in-tx,recovery" {
 				t.Errorf("phases %v", names)

@@ -28,7 +28,7 @@ SELECT $1, $2 || g, 1 FROM generate_series($3::bigint, $4::bigint) AS g`
 	sqlHolderXmin   = `SELECT backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = $1`
 	sqlTableStats   = `SELECT s.n_live_tup, s.n_dead_tup, s.autovacuum_count + s.vacuum_count,
        pg_relation_size('files.files'), pg_indexes_size('files.files'),
-       pg_relation_size('files.files_claim_idx')
+       pg_relation_size('files.files_claim_idx'), pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
 FROM pg_stat_user_tables s WHERE s.relid = 'files.files'::regclass`
 	sqlPruneExists = `SELECT to_regproc('files.prune') IS NOT NULL AND to_regprocedure('files.keep_queue(text, interval, interval)') IS NOT NULL`
 	sqlNotDone     = `SELECT count(*) FROM files.files WHERE queue = $1 AND state <> 'done'`
@@ -99,6 +99,9 @@ type Sample struct {
 	// Depth is the rows inserted (or in an insert under way) and not yet
 	// started.
 	Depth int64 `json:"depth"`
+	// WALBytesPerRow is the WAL the server wrote in the interval (the
+	// whole cluster's) per row done in it; 0 when none was done.
+	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
 	TableStats
 }
 
@@ -113,6 +116,9 @@ type TableStats struct {
 	TableBytes      int64 `json:"table_bytes"`
 	IndexBytes      int64 `json:"index_bytes"`
 	ClaimIndexBytes int64 `json:"claim_index_bytes"`
+	// wal is the server's WAL position in bytes: the WAL written between
+	// two readings, the whole cluster's.
+	wal int64
 }
 
 // PhaseResult sums up one phase of a steady run.
@@ -140,6 +146,9 @@ type PhaseResult struct {
 	// track_functions is off and cannot be turned on).
 	Claims  uint64  `json:"claims"`
 	ClaimMS float64 `json:"claim_ms"`
+	// WALBytesPerRow is the WAL the server wrote in the phase per row done
+	// in it, as in Sample.
+	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
 	// End is the table's statistics at the end of the phase.
 	End TableStats `json:"end"`
 	// Vacuums is the vacuums of files.files during the phase.
@@ -610,6 +619,7 @@ type sampler struct {
 	// at the last sample
 	last              time.Time
 	lastDone, lastIns int64
+	lastWAL           int64
 	// at the phase's start
 	phaseAt             time.Time
 	phaseDone, phaseIns int64
@@ -635,8 +645,18 @@ func (s *sampler) begin(ctx context.Context) error {
 	_, _, _, _, s.lastAnswer = claimSteps(s.trace.take(), time.Time{})
 	s.trace.takeOutcomes()
 	_, s.lastNote = longestGap(s.notes.takeNotify(), time.Time{})
-	_, err := s.b.tableStats(ctx)
+	st, err := s.b.tableStats(ctx)
+	s.lastWAL = st.wal
 	return err
+}
+
+// walPerRow is the WAL written from one reading to another per row done
+// meanwhile.
+func walPerRow(from, to, rows int64) float64 {
+	if rows <= 0 {
+		return 0
+	}
+	return round(float64(to-from)/float64(rows), 1)
 }
 
 func (s *sampler) phaseStart(name string) time.Time {
@@ -679,9 +699,9 @@ func (s *sampler) sample(ctx context.Context) error {
 		InsertP99MS: trip.P99MS, InsertMaxMS: trip.MaxMS, OutcomeP99MS: outcome.P99MS, OutcomeMaxMS: outcome.MaxMS,
 		Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
 		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), NotifyIdleMaxMS: round(float64(quiet)/float64(time.Millisecond), 3),
-		Depth: depth, TableStats: st,
+		Depth: depth, WALBytesPerRow: walPerRow(s.lastWAL, st.wal, done-s.lastDone), TableStats: st,
 	})
-	s.last, s.lastDone, s.lastIns = now, done, ins
+	s.last, s.lastDone, s.lastIns, s.lastWAL = now, done, ins, st.wal
 	s.depthMax = max(s.depthMax, depth)
 	return nil
 }
@@ -701,6 +721,7 @@ func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, 
 		Pickup: percentiles(created), PickupFromReturn: percentiles(returned), Insert: percentiles(s.prod.takePhaseTrips()),
 		DepthEnd: ins - started, DepthMax: s.depthMax,
 		Claims: s.claims() - s.phaseClaims, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
+		WALBytesPerRow: walPerRow(s.phaseStats.wal, st.wal, done-s.phaseDone),
 	}
 	if fn, err := s.b.functionStats(ctx); err == nil && s.phaseFn != nil {
 		calls := fn["claim"].calls + fn["claim_batch"].calls - s.phaseFn["claim"].calls - s.phaseFn["claim_batch"].calls
@@ -714,7 +735,7 @@ func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, 
 
 func (b *Bench) tableStats(ctx context.Context) (TableStats, error) {
 	var t TableStats
-	err := b.pool.QueryRow(ctx, sqlTableStats).Scan(&t.LiveTuples, &t.DeadTuples, &t.Vacuums, &t.TableBytes, &t.IndexBytes, &t.ClaimIndexBytes)
+	err := b.pool.QueryRow(ctx, sqlTableStats).Scan(&t.LiveTuples, &t.DeadTuples, &t.Vacuums, &t.TableBytes, &t.IndexBytes, &t.ClaimIndexBytes, &t.wal)
 	if err != nil {
 		return t, fmt.Errorf("bench: read files.files' statistics: %w", err)
 	}

@@ -1511,9 +1511,10 @@ func renderLongTx(p printer, rp *report) {
 	p("answer came back); from created_at, the insert's own round trip and commit count too;\n")
 	p("insert is the producer's inserts' round trips (one every 10 ms, each of the rows due).\n")
 	p("Depth is the rows inserted and not started; claim is the server's mean time per claim;\n")
-	p("the table's statistics are at the end of the phase.\n\n")
-	p("| load | slots | phase | rows/s | pickup p50 | pickup p99 | from created_at p50 / p99 | insert p99 / max | depth at end | claim | dead tuples | table | claim index |\n")
-	p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	p("WAL is what the server wrote in the phase per row done; the table's statistics are at\n")
+	p("the end of the phase.\n\n")
+	p("| load | slots | phase | rows/s | pickup p50 | pickup p99 | from created_at p50 / p99 | insert p99 / max | depth at end | claim | WAL per row | dead tuples | table | claim index |\n")
+	p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		load := fmt.Sprintf("%s rows/s", thousands(r.n("rate")))
 		if r.n("depth") > 0 {
@@ -1528,14 +1529,17 @@ func renderLongTx(p printer, rp *report) {
 			ph := result(x.(map[string]any))
 			// A run from before the inserts were timed: its pickup is
 			// from created_at alone.
-			p50, p99, created, insert := "", "", fmt.Sprintf("%.1f / %.1f ms", ph.n("pickup.p50_ms"), ph.n("pickup.p99_ms")), ""
+			p50, p99, created, insert, wal := "", "", fmt.Sprintf("%.1f / %.1f ms", ph.n("pickup.p50_ms"), ph.n("pickup.p99_ms")), "", ""
 			if ph.n("insert.p50_ms") > 0 {
 				p50, p99 = fmt.Sprintf("%.1f ms", ph.n("pickup_from_return.p50_ms")), fmt.Sprintf("**%.1f ms**", ph.n("pickup_from_return.p99_ms"))
 				insert = fmt.Sprintf("%.1f / %.1f ms", ph.n("insert.p99_ms"), ph.n("insert.max_ms"))
 			}
-			p("| %s | %s | %s (%gs) | **%s** | %s | %s | %s | %s | %s | %.2f ms | %s | %.1f MiB | %.2f MiB |\n", load, slots,
+			if v := ph.n("wal_bytes_per_row"); v > 0 {
+				wal = thousands(v) + " B"
+			}
+			p("| %s | %s | %s (%gs) | **%s** | %s | %s | %s | %s | %s | %.2f ms | %s | %s | %.1f MiB | %.2f MiB |\n", load, slots,
 				ph.str("name"), ph.n("seconds"), thousands(ph.n("rows_per_sec")), p50, p99, created, insert,
-				thousands(ph.n("depth_end")), ph.n("claim_ms"), thousands(ph.n("end.dead_tuples")), ph.n("end.table_bytes")/(1<<20),
+				thousands(ph.n("depth_end")), ph.n("claim_ms"), wal, thousands(ph.n("end.dead_tuples")), ph.n("end.table_bytes")/(1<<20),
 				ph.n("end.claim_index_bytes")/(1<<20))
 		}
 	}
