@@ -213,8 +213,8 @@ func (r *recorder) run(ctx context.Context) {
 // passed since the last statement began, so that the outcomes that end
 // meanwhile go in the same statement: River's trade, as for the claims. An
 // outcome after a quiet spell is recorded at once, and the wait ends as soon
-// as a slot waits for its own outcome (as many outcomes wait as the process
-// has slots), a statement's worth is queued, or the worker stops.
+// as a slot waits for its own outcome (Config.MaxUnrecorded outcomes
+// wait), a statement's worth is queued, or the worker stops.
 func (r *recorder) gather(ctx context.Context, last time.Time) {
 	if r.cooldown <= 0 || last.IsZero() {
 		return

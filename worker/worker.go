@@ -85,6 +85,10 @@ const (
 	DefaultLeaseTimeout      = 15 * time.Second
 )
 
+// minUnrecorded is the fewest outcomes Config.MaxUnrecorded lets wait by
+// default, however few the slots.
+const minUnrecorded = 64
+
 // stopGrace is how long Stop waits for handlers to return once it has
 // cancelled them.
 const stopGrace = 5 * time.Second
@@ -155,8 +159,8 @@ type Config struct {
 	// for fewer claims, which matters to a shared database when rows trickle
 	// in to many processes. Outcomes take the same trade: those that end
 	// less than the cooldown after the last outcome statement began are
-	// recorded together when it ends, unless a slot waits for its own (as
-	// many outcomes wait as the process has slots) or the worker stops; a
+	// recorded together when it ends, unless a slot waits for its own
+	// (Config.MaxUnrecorded outcomes wait) or the worker stops; a
 	// row stays running in the database that much longer, its slot free for
 	// the next row. While it waits, the process's listener stops
 	// listening (listener.Subscription.Quiet) when no other subscriber of it
@@ -196,6 +200,18 @@ type Config struct {
 	// batch; a slot takes its next row while its outcome waits. Defaults
 	// to 1000.
 	MaxBatch int
+
+	// MaxUnrecorded is how many outcomes may wait to be recorded while
+	// their slots run the next rows; once that many wait, a slot that ends
+	// a row waits for its own outcome. It is what lets a process of few
+	// slots and short rows ride out slow commits (an outcome's commit waits
+	// for the WAL flush): with commits made 30 ms slow, four processes of
+	// four slots moved 6.5 times as many rows allowing 64 as allowing 4
+	// (BENCHMARKS.md). The price: a process killed meanwhile leaves that
+	// many rows whose work is done again (execution is at least once; the
+	// outcome stays exactly once). Defaults to the slots (MaxSlots), and at
+	// least 64.
+	MaxUnrecorded int
 
 	// Then is the queue of the next stage: when a row completes, each
 	// output of its result (Result.Output's manifest, outputs[i].key)
@@ -302,7 +318,7 @@ type Worker struct {
 	shadowed    map[*task]struct{}  // earlier attempts of rows in running, not yet settled
 	handlersOff bool                // the handlers were cancelled (ErrStopping): new ones start so
 	busy        int                 // handlers running
-	unsettled   chan struct{}       // a token per slot freed before its outcome was recorded
+	unsettled   chan struct{}       // a token per slot freed before its outcome was recorded (Config.MaxUnrecorded)
 	hinted      map[int64]time.Time // rows named by a cancellation hint (when), until the database answers
 	releases    map[int64]int       // rows released by Release, in a row
 	waiting     map[int64]*task     // the latest attempt of a row whose events are held, by row
@@ -404,7 +420,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	}
 	w.key = rand.Text()
 	w.ids = w.newIDs(minSlots)
-	w.unsettled = make(chan struct{}, w.maxSlots)
+	w.unsettled = make(chan struct{}, orPositive(cfg.MaxUnrecorded, max(w.maxSlots, minUnrecorded)))
 
 	w.rec = newRecorder(pool, w, w.logger, w.lease, orPositive(cfg.MaxBatch, 1000))
 	if cfg.Then != "" {

@@ -843,50 +843,61 @@ func TestUnstorableOutcomes(t *testing.T) {
 	waitFor(t, "the counters", func() bool { s := w.Stats(); return s.Done == 6 && s.Failed == 2 && s.Lost == 0 })
 }
 
-// A slot takes its next row while the outcome of its last one waits for the
-// database, and a process holds at most as many waiting outcomes as it has
-// slots: with the first row's outcome held up by a lock on the row, the one
-// slot runs the second row, and does not start the third until the first
-// outcome is recorded.
-func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t)
+// holdFirstOutcome inserts n rows and starts a worker of cfg, its handler
+// set here to send each row it starts on started; once the first row has
+// started, it holds that row's outcome up with a lock on the row (tx, which
+// the caller may roll back) and lets the handler return.
+func holdFirstOutcome(t *testing.T, pool *pgxpool.Pool, n int, cfg worker.Config) (ids []int64, w *worker.Worker, tx pgx.Tx, started <-chan int64) {
+	t.Helper()
 	ctx := context.Background()
-	ids := insert(t, pool, 3)
-	started := make(chan int64, 3)
+	ids = insert(t, pool, n)
+	starts := make(chan int64, n)
 	release := make(chan struct{})
-	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
-		started <- job.ID
+	cfg.Handler = worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
+		starts <- job.ID
 		if job.ID == ids[0] {
 			<-release
 		}
 		return nil, nil
 	})
-	w := start(t, pool, &worker.Config{Handler: h, Slots: 1})
-	next := func(what string) int64 {
-		t.Helper()
-		select {
-		case id := <-started:
-			return id
-		case <-time.After(patience):
-			t.Fatalf("no handler started: %s", what)
-			return 0
-		}
-	}
-	if id := next("the first row"); id != ids[0] {
+	w = start(t, pool, &cfg)
+	if id := nextStart(t, starts, "the first row"); id != ids[0] {
 		t.Fatalf("first row %d, want %d", id, ids[0])
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
+	t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck // after the caller's: a no-op
 	if _, err := tx.Exec(ctx, "SELECT 1 FROM files.files WHERE id = $1 FOR UPDATE", ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	close(release) // its complete now waits for the lock
+	close(release) // its outcome now waits for the lock, and the ones after it for that
+	return ids, w, tx, starts
+}
 
-	if id := next("the second row, while the first outcome waits"); id != ids[1] {
+// nextStart waits for the next row started.
+func nextStart(t *testing.T, started <-chan int64, what string) int64 {
+	t.Helper()
+	select {
+	case id := <-started:
+		return id
+	case <-time.After(patience):
+		t.Fatalf("no handler started: %s", what)
+		return 0
+	}
+}
+
+// A slot takes its next row while the outcome of its last one waits for the
+// database, and a process holds at most MaxUnrecorded waiting outcomes:
+// with the first row's outcome held up by a lock on the row and one allowed
+// to wait, the one slot runs the second row, and does not start the third
+// until the first outcome is recorded.
+func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ids, w, _, started := holdFirstOutcome(t, pool, 3, worker.Config{Slots: 1, MaxUnrecorded: 1})
+	if id := nextStart(t, started, "the second row, while the first outcome waits"); id != ids[1] {
 		t.Fatalf("second row %d, want %d", id, ids[1])
 	}
 	select {
@@ -898,112 +909,39 @@ func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 		t.Fatalf("%d rows done while the first outcome is held up, want 0", n)
 	}
 
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if id := next("the third row, once the first outcome is recorded"); id != ids[2] {
-		t.Fatalf("third row %d, want %d", id, ids[2])
-	}
-	waitFor(t, "every row done", func() bool { return w.Stats().Done == 3 })
-	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 3 {
-		t.Fatalf("%d done attempts, want 3", n)
-	}
-}
-
-// A cancellation sent while the listener is away is lost with its message:
-// after LISTEN again, the worker asks the database at once, without waiting
-// for a heartbeat an hour away, and the attempt's outcome says it was
-// cancelled, not lost (as when a heartbeat comes before the hint).
-func TestCancelDuringListenerOutage(t *testing.T) {
-	t.Parallel()
-	url := pgtest.URL(t)
-	pool := pgtest.PoolFor(t, url)
-	l, err := listener.New(&listener.Config{URL: url, PingInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := func() (stop func()) {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = l.Listen(ctx) }()
-		return func() { cancel(); <-done }
-	}
-	g := newGate()
-	w := start(t, pool, &worker.Config{Handler: g, Listener: l, SafetyNet: time.Hour, HeartbeatInterval: time.Hour, LeaseTimeout: 2 * time.Hour})
-	stop := listen()
-	settled(t, w)
-	id := insert(t, pool, 1)[0]
-	g.next(t, "the row")
-
-	stop() // no session listens: the cancellation's message reaches nobody
-	if n := count(t, pool, "SELECT files.cancel($1)", id); n != 1 {
-		t.Fatalf("cancelled %d rows", n)
-	}
-	beats := w.Stats().Heartbeats
-	stop = listen()
-	defer stop()
-	if cause := g.cause(t); !errors.Is(cause, worker.ErrCancelled) {
-		t.Fatalf("cause %v, want ErrCancelled", cause)
-	}
-	if s := w.Stats(); s.Heartbeats <= beats || s.Done != 0 || s.Cancelled != 1 || s.LeaseLosses != 0 {
-		t.Errorf("stats: %+v", s)
-	}
-	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
-	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'cancelled'", id); n != 1 {
-		t.Fatal("row not cancelled")
-	}
-}
-
-// Stats may be read while Start sets the worker up (a metrics endpoint that
-// serves before the worker has started): -race checks it.
-func TestStatsDuringStart(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t)
-	w, err := worker.New(pool, &worker.Config{Handler: noop})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		for {
-			_ = w.Stats()
-			select {
-			case <-done:
-				return
-			default:
-			}
-		}
-	}()
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	close(done)
-	<-read
-	settled(t, w)
-	ctx, cancel := context.WithTimeout(context.Background(), patience)
-	defer cancel()
-	if err := w.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// With a claim cooldown, the ring of the listener's connect, which comes
-// within the cooldown of the claim at start, makes the listener stop
-// listening for the rest of the cooldown.
-func TestClaimCooldownQuietsTheListener(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t)
-	g := newGate()
-	close(g.open)
-	w := start(t, pool, &worker.Config{Handler: g, Slots: 2, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
-	waitFor(t, "the quiet spell", func() bool {
-		s := w.Stats()
-		return s.ListenerQuiets == 1 && s.ClaimsDeferred == 1
-	})
-	if s := w.Stats(); s.Claims != 1 || !s.Listening {
+	if s := w.Stats(); s.Claimed != 2 || !s.Listening {
 		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// By default a process lets more outcomes wait than it has slots: with the
+// first row's outcome held up by a lock on the row, the one slot runs all
+// the other rows meanwhile, and each ends done once, after the lock goes.
+func TestOutcomesWaitBeyondTheSlots(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	const rows = 10
+	ids, w, tx, started := holdFirstOutcome(t, pool, rows, worker.Config{Slots: 1})
+	seen := map[int64]bool{ids[0]: true}
+	for len(seen) < rows {
+		id := nextStart(t, started, fmt.Sprintf("row %d of %d, while the first outcome waits", len(seen)+1, rows))
+		if seen[id] {
+			t.Fatalf("row %d started twice", id)
+		}
+		seen[id] = true
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 0 {
+		t.Fatalf("%d rows done while the first outcome is held up, want 0", n)
+	}
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every outcome recorded", func() bool { return w.Stats().Done == rows })
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = ANY ($1) AND state = 'done' AND attempt = 1", ids); n != rows {
+		t.Fatalf("%d of %d rows done at their first attempt", n, rows)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE file_id = ANY ($1)", ids); n != rows {
+		t.Fatalf("%d attempts recorded for %d rows", n, rows)
 	}
 }
 
@@ -1019,7 +957,7 @@ func TestClaimCooldownGathersOutcomes(t *testing.T) {
 	// One slot: one outcome can be held while the slot runs the next row;
 	// the outcome after it makes the slot wait for its own, which ends the
 	// recorder's wait.
-	w := start(t, pool, &worker.Config{Handler: g, Slots: 1, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
+	w := start(t, pool, &worker.Config{Handler: g, Slots: 1, MaxUnrecorded: 1, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
 
 	first := g.next(t, "the first row")
 	g.open <- struct{}{}
