@@ -110,10 +110,7 @@ func listen(ctx context.Context, cfg *pgconn.Config, t *notifyTrace) (l *listene
 // takeNotify returns the notifications recorded since the last call, in
 // order.
 func (t *notifyTrace) takeNotify() []time.Time {
-	t.mu.Lock()
-	n := t.notify
-	t.notify = nil
-	t.mu.Unlock()
+	n := take(&t.mu, &t.notify)
 	slices.SortFunc(n, func(a, b time.Time) int { return a.Compare(b) })
 	return n
 }
@@ -188,7 +185,7 @@ type claimSpan struct {
 	empty bool
 }
 
-// TraceQueryStart notes when a claim query is sent.
+// TraceQueryStart notes when a claim query or an outcome call is sent.
 func (t *claimTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	switch {
 	case strings.Contains(d.SQL, "files.claim"):
@@ -203,9 +200,9 @@ func (t *claimTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 // read, with the command tag that counts them.
 func (t *claimTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
 	if sent, ok := ctx.Value(outcomeKey{}).(time.Time); ok {
-		d := time.Since(sent)
+		rtt := time.Since(sent)
 		t.mu.Lock()
-		t.outcomes = append(t.outcomes, d)
+		t.outcomes = append(t.outcomes, rtt)
 		t.mu.Unlock()
 		return
 	}
@@ -222,10 +219,7 @@ func (t *claimTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 // take returns the claims that ended since the last call, in the order
 // they were sent.
 func (t *claimTrace) take() []claimSpan {
-	t.mu.Lock()
-	c := t.claims
-	t.claims = nil
-	t.mu.Unlock()
+	c := take(&t.mu, &t.claims)
 	slices.SortFunc(c, func(a, b claimSpan) int { return a.sent.Compare(b.sent) })
 	return c
 }

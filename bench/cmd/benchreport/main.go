@@ -438,13 +438,17 @@ func (rp *report) longTxGoals() []goal {
 // trip and commit too.
 func heldPickup(ph result) (float64, string) {
 	fromCreated := ph.n("pickup.p99_ms")
-	v, ok := ph.num("pickup_from_return.p99_ms")
-	if !ok || ph.n("insert.p50_ms") <= 0 {
+	if !insertsTimed(ph) {
 		return fromCreated, fmt.Sprintf("%.1f ms (from created_at)", fromCreated)
 	}
+	v := ph.n("pickup_from_return.p99_ms")
 	return v, fmt.Sprintf("%.1f ms from the insert's answer; %.1f ms from its created_at (the producer's inserts p99 %.1f ms, max %.1f ms)",
 		v, fromCreated, ph.n("insert.p99_ms"), ph.n("insert.max_ms"))
 }
+
+// insertsTimed says whether a long-tx phase timed the producer's inserts,
+// and so has the pickup from the insert's answer.
+func insertsTimed(ph result) bool { return ph.n("insert.p50_ms") > 0 }
 
 // fleetLongTxGoal: with a snapshot held open, four processes of four slots
 // at 1,000 rows/s, each woken by every notification, pick up with a p99
@@ -1530,7 +1534,7 @@ func renderLongTx(p printer, rp *report) {
 			// A run from before the inserts were timed: its pickup is
 			// from created_at alone.
 			p50, p99, created, insert, wal := "", "", fmt.Sprintf("%.1f / %.1f ms", ph.n("pickup.p50_ms"), ph.n("pickup.p99_ms")), "", ""
-			if ph.n("insert.p50_ms") > 0 {
+			if insertsTimed(ph) {
 				p50, p99 = fmt.Sprintf("%.1f ms", ph.n("pickup_from_return.p50_ms")), fmt.Sprintf("**%.1f ms**", ph.n("pickup_from_return.p99_ms"))
 				insert = fmt.Sprintf("%.1f / %.1f ms", ph.n("insert.p99_ms"), ph.n("insert.max_ms"))
 			}
