@@ -840,12 +840,15 @@ func (rp *report) herdGoal() goal {
 
 func (rp *report) enqueueGoal() goal {
 	const target = "≥ 100,000 rows/s"
-	e := rp.find("pgworker", "enqueue", nil)
-	if e == nil {
+	var xs []float64
+	for _, r := range rp.all("pgworker", "enqueue") {
+		xs = append(xs, r.n("rows_per_sec"))
+	}
+	if len(xs) == 0 {
 		return notMeasured("enqueue", target, "no enqueue run")
 	}
-	v := e.n("rows_per_sec")
-	return goal{"enqueue", target, thousands(v) + " rows/s",
+	v := median(xs)
+	return goal{"enqueue", target, spread(xs) + " rows/s",
 		verdict(v >= 100000, fmt.Sprintf("%.0f%% short of 100,000", (1-v/100000)*100))}
 }
 

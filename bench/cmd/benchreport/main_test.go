@@ -374,6 +374,22 @@ func TestSkipLockedGoalCountsTheRounds(t *testing.T) {
 	}
 }
 
+// Several enqueues are judged on their median, not on the best or the last.
+func TestEnqueueGoalTakesTheMedian(t *testing.T) {
+	t.Parallel()
+	const results = `{"mode":"enqueue","system":"pgworker","rows":1000000,"batch_size":10000,"rows_per_sec":125000}
+{"mode":"enqueue","system":"pgworker","rows":1000000,"batch_size":10000,"rows_per_sec":90000}
+{"mode":"enqueue","system":"pgworker","rows":1000000,"batch_size":10000,"rows_per_sec":95000}
+`
+	g := (&report{results: readSample(t, results), date: time.Now()}).enqueueGoal()
+	if want := "median 95,000 of 90,000-125,000 rows/s"; g.measured != want {
+		t.Errorf("measured %q, want %q", g.measured, want)
+	}
+	if want := "missed: 5% short of 100,000"; g.verdict != want {
+		t.Errorf("verdict %q, want %q", g.verdict, want)
+	}
+}
+
 // The pipeline's overhead is bounded only when the bare queue of the same
 // run misses the target too; a run from before the bare queue is judged on
 // its own figure.
