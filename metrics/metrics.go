@@ -191,6 +191,8 @@ func (m *Metrics) stats() (s worker.Stats, listening bool) {
 		s.SafetyWakes += x.SafetyWakes
 		s.ClaimsDeferred += x.ClaimsDeferred
 		s.RecordsDeferred += x.RecordsDeferred
+		s.OutcomeWaits += x.OutcomeWaits
+		s.Unrecorded += x.Unrecorded
 		s.LeaseLosses += x.LeaseLosses
 		s.Orphans += x.Orphans
 		s.Heartbeats += x.Heartbeats
@@ -224,6 +226,8 @@ var (
 	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (the safety net, a retry's backoff ending, or a look after a short or empty claim beside a held snapshot).")
 	descClaimsDeferred   = desc("claims_deferred_total", "Claims held back until --claim-cooldown ended, so that one claim took the rows announced meanwhile.")
 	descRecordsDeferred  = desc("outcome_records_deferred_total", "Outcome statements held back until --claim-cooldown ended, so that one statement recorded the outcomes that ended meanwhile.")
+	descUnrecorded       = desc("outcomes_unrecorded", "Outcomes of finished rows waiting to be recorded while their slots run on (at most 64, or the slots if more).")
+	descOutcomeWaits     = desc("outcome_waits_total", "Times a slot waited for its own outcome to be recorded because as many outcomes as allowed were waiting already: the database's commits are slower than the rows.")
 	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process after their lease ran out (an operator's cancel counts in rows_cancelled_total); their handlers were cancelled.")
 	descOrphans          = desc("orphans_released_total", "Rows held in the database but unknown to this process, released.")
 	descHeartbeats       = desc("heartbeats_total", "Heartbeat statements that succeeded.")
@@ -239,7 +243,7 @@ var (
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSlots, descSlotsBusy, descSlotsIdle, descClaims, descRacesLost, descSerialization,
-		descClaimErrors, descSafetyWakes, descClaimsDeferred, descRecordsDeferred, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
+		descClaimErrors, descSafetyWakes, descClaimsDeferred, descRecordsDeferred, descUnrecorded, descOutcomeWaits, descLeaseLosses, descOrphans, descHeartbeats, descHeartbeatErrors, descReaped, descPruned,
 		descListenerUp, descListenReconnects, descListenQuiets, descPoolConns, descPoolMax} {
 		ch <- d
 	}
@@ -263,6 +267,8 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSafetyWakes, s.SafetyWakes)
 	counter(descClaimsDeferred, s.ClaimsDeferred)
 	counter(descRecordsDeferred, s.RecordsDeferred)
+	gauge(descUnrecorded, float64(s.Unrecorded))
+	counter(descOutcomeWaits, s.OutcomeWaits)
 	counter(descLeaseLosses, s.LeaseLosses)
 	counter(descOrphans, s.Orphans)
 	counter(descHeartbeats, s.Heartbeats)

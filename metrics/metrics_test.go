@@ -214,7 +214,7 @@ func TestScrapeFollowsTheWork(t *testing.T) {
 		"pgworker_slots", "pgworker_slots_busy", "pgworker_slots_idle", "pgworker_claim_queries_total",
 		"pgworker_claim_races_lost_total", "pgworker_claim_serialization_failures_total", "pgworker_claim_errors_total",
 		"pgworker_lease_losses_total", "pgworker_listener_up", "pgworker_listener_reconnects_total", "pgworker_listener_quiets_total", "pgworker_outcome_records_deferred_total",
-		"pgworker_heartbeats_total", "pgworker_heartbeat_errors_total", "pgworker_reaped_rows_total",
+		"pgworker_outcomes_unrecorded", "pgworker_outcome_waits_total", "pgworker_heartbeats_total", "pgworker_heartbeat_errors_total", "pgworker_reaped_rows_total",
 		"pgworker_scaling_needed_nodes", "pgworker_scaling_desired_nodes", "pgworker_scaling_backlog_per_instance",
 		"pgworker_queue_stats_reads_total", "pgworker_queue_stats_errors_total", "pgworker_queue_stats_age_seconds",
 		"go_goroutines", "process_resident_memory_bytes",
@@ -224,6 +224,7 @@ func TestScrapeFollowsTheWork(t *testing.T) {
 	before.want(t, "pgworker_slots", 4)
 	before.want(t, "pgworker_slots_idle", 4)
 	before.want(t, "pgworker_listener_up", 1)
+	before.want(t, "pgworker_outcomes_unrecorded", 0)
 	before.want(t, `pgworker_queue_pending_rows{queue="held"}`, 3)
 	before.want(t, `pgworker_queue_paused{queue="held"}`, 1)
 	if v := before.value(t, `pgworker_queue_oldest_pending_age_seconds{queue="held"}`); v <= 0 {

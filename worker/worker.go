@@ -207,10 +207,12 @@ type Config struct {
 	// slots and short rows ride out slow commits (an outcome's commit waits
 	// for the WAL flush): with commits made 30 ms slow, four processes of
 	// four slots moved 6.5 times as many rows allowing 64 as allowing 4
-	// (BENCHMARKS.md). The price: a process killed meanwhile leaves that
-	// many rows whose work is done again (execution is at least once; the
-	// outcome stays exactly once). Defaults to the slots (MaxSlots), and at
-	// least 64.
+	// (BENCHMARKS.md). The price: up to that many rows whose work is done
+	// may run again, when the process is killed meanwhile, stops with their
+	// outcomes still waiting when Stop's context ends, or is cut off from
+	// the database for longer than a lease (execution is at least once; the
+	// outcome stays exactly once); and their results are held in memory
+	// until recorded. Defaults to the slots (MaxSlots), and at least 64.
 	MaxUnrecorded int
 
 	// Then is the queue of the next stage: when a row completes, each
@@ -243,6 +245,7 @@ type Stats struct {
 	SafetyWakes           uint64 // wake-ups by the safety net, a retry's time or a look after a short or empty claim with hints
 	ClaimsDeferred        uint64 // claims held back until ClaimCooldown ended
 	RecordsDeferred       uint64 // outcome statements held back until ClaimCooldown ended
+	OutcomeWaits          uint64 // times a slot waited for its own outcome: MaxUnrecorded others were waiting
 	Done                  uint64 // rows completed
 	Failed                uint64 // attempts recorded as failed (retried or not)
 	Released              uint64 // rows handed back without spending an attempt
@@ -259,6 +262,7 @@ type Stats struct {
 	Listening             bool   // the LISTEN connection is up
 	BusySlots             int
 	IdleSlots             int
+	Unrecorded            int // outcomes waiting to be recorded while their slots run on (at most MaxUnrecorded)
 }
 
 // Worker runs a Handler on claimed rows. Create it with New.
@@ -323,7 +327,7 @@ type Worker struct {
 	releases    map[int64]int       // rows released by Release, in a row
 	waiting     map[int64]*task     // the latest attempt of a row whose events are held, by row
 
-	done, failed, released, lost, cancelled, leaseLosses, reaped, pruned atomic.Uint64
+	done, failed, released, lost, cancelled, leaseLosses, reaped, pruned, outcomeWaits atomic.Uint64
 }
 
 // task is a row being worked on. Its job and its outcome are allocated
@@ -705,9 +709,11 @@ func (w *Worker) Stats() Stats {
 		Reaped:          w.reaped.Load(),
 		Pruned:          w.pruned.Load(),
 		RecordsDeferred: w.rec.deferred.Load(),
+		OutcomeWaits:    w.outcomeWaits.Load(),
 		BusySlots:       busy,
 		Slots:           slots,
 		IdleSlots:       max(slots-busy, 0),
+		Unrecorded:      len(w.unsettled),
 	}
 	if claimer != nil {
 		cs := claimer.Stats()
@@ -771,8 +777,8 @@ func (w *Worker) handle(t *task) {
 
 // execute runs a row's handler and settles its outcome. The slot is free
 // for the next row as soon as the handler returns, while the outcome waits
-// for its batch and the recorder finishes it: at most as many such outcomes
-// as the process has slots, so that a slow database holds the slots back
+// for its batch and the recorder finishes it: at most MaxUnrecorded such
+// outcomes, so that a database slower than that holds the slots back
 // instead of piling outcomes up.
 func (w *Worker) execute(t *task) {
 	var o *outcome
@@ -833,8 +839,8 @@ func (w *Worker) execute(t *task) {
 		w.freeSlot(t)
 		w.rec.submit(o)
 	default:
-		// As many outcomes wait as the process has slots: this slot waits
-		// for its own.
+		// MaxUnrecorded outcomes wait already: this slot waits for its own.
+		w.outcomeWaits.Add(1)
 		o.settled = make(chan struct{})
 		w.rec.submit(o)
 		<-o.settled

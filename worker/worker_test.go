@@ -846,10 +846,13 @@ func TestUnstorableOutcomes(t *testing.T) {
 // holdFirstOutcome inserts n rows and starts a worker of cfg, its handler
 // set here to send each row it starts on started; once the first row has
 // started, it holds that row's outcome up with a lock on the row (tx, which
-// the caller may roll back) and lets the handler return.
+// the caller may roll back) and lets the handler return. The lock holds up
+// the heartbeat too: the leases are an hour long, so that no row is taken
+// back meanwhile however slow the machine.
 func holdFirstOutcome(t *testing.T, pool *pgxpool.Pool, n int, cfg worker.Config) (ids []int64, w *worker.Worker, tx pgx.Tx, started <-chan int64) {
 	t.Helper()
 	ctx := context.Background()
+	cfg.HeartbeatInterval, cfg.LeaseTimeout = time.Hour, 2*time.Hour
 	ids = insert(t, pool, n)
 	starts := make(chan int64, n)
 	release := make(chan struct{})
@@ -868,7 +871,7 @@ func holdFirstOutcome(t *testing.T, pool *pgxpool.Pool, n int, cfg worker.Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck // after the caller's: a no-op
+	t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck // a no-op when the caller rolled it back
 	if _, err := tx.Exec(ctx, "SELECT 1 FROM files.files WHERE id = $1 FOR UPDATE", ids[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -896,21 +899,35 @@ func nextStart(t *testing.T, started <-chan int64, what string) int64 {
 func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	ids, w, _, started := holdFirstOutcome(t, pool, 3, worker.Config{Slots: 1, MaxUnrecorded: 1})
+	ids, w, tx, started := holdFirstOutcome(t, pool, 3, worker.Config{Slots: 1, MaxUnrecorded: 1})
 	if id := nextStart(t, started, "the second row, while the first outcome waits"); id != ids[1] {
 		t.Fatalf("second row %d, want %d", id, ids[1])
 	}
+	waitFor(t, "the slot to wait for its own outcome", func() bool { return w.Stats().OutcomeWaits == 1 })
 	select {
 	case id := <-started:
-		t.Fatalf("row %d started while the slot had two outcomes waiting", id)
-	case <-time.After(300 * time.Millisecond):
+		t.Fatalf("row %d started while the slot waits for its outcome", id)
+	default:
+	}
+	if s := w.Stats(); s.Claimed != 2 || s.Unrecorded != 1 || s.Done != 0 {
+		t.Fatalf("stats while the first outcome is held up: %+v", s)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 0 {
 		t.Fatalf("%d rows done while the first outcome is held up, want 0", n)
 	}
 
-	if s := w.Stats(); s.Claimed != 2 || !s.Listening {
-		t.Fatalf("stats: %+v", s)
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if id := nextStart(t, started, "the third row, once the first outcome is recorded"); id != ids[2] {
+		t.Fatalf("third row %d, want %d", id, ids[2])
+	}
+	waitFor(t, "every row done", func() bool { return w.Stats().Done == 3 })
+	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE outcome = 'done'"); n != 3 {
+		t.Fatalf("%d done attempts, want 3", n)
+	}
+	if s := w.Stats(); s.OutcomeWaits != 1 {
+		t.Errorf("slot waited for its own outcome %d times, want 1", s.OutcomeWaits)
 	}
 }
 
@@ -930,6 +947,7 @@ func TestOutcomesWaitBeyondTheSlots(t *testing.T) {
 		}
 		seen[id] = true
 	}
+	waitFor(t, "every outcome waiting", func() bool { return w.Stats().Unrecorded == rows })
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 0 {
 		t.Fatalf("%d rows done while the first outcome is held up, want 0", n)
 	}
@@ -937,11 +955,112 @@ func TestOutcomesWaitBeyondTheSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "every outcome recorded", func() bool { return w.Stats().Done == rows })
+	waitFor(t, "no outcome waiting", func() bool { return w.Stats().Unrecorded == 0 })
+	if s := w.Stats(); s.OutcomeWaits != 0 {
+		t.Errorf("a slot waited for its own outcome %d times, want 0", s.OutcomeWaits)
+	}
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = ANY ($1) AND state = 'done' AND attempt = 1", ids); n != rows {
 		t.Fatalf("%d of %d rows done at their first attempt", n, rows)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM files.attempts WHERE file_id = ANY ($1)", ids); n != rows {
 		t.Fatalf("%d attempts recorded for %d rows", n, rows)
+	}
+}
+
+// A cancellation sent while the listener is away is lost with its message:
+// after LISTEN again, the worker asks the database at once, without waiting
+// for a heartbeat an hour away, and the attempt's outcome says it was
+// cancelled, not lost (as when a heartbeat comes before the hint).
+func TestCancelDuringListenerOutage(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	l, err := listener.New(&listener.Config{URL: url, PingInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = l.Listen(ctx) }()
+		return func() { cancel(); <-done }
+	}
+	g := newGate()
+	w := start(t, pool, &worker.Config{Handler: g, Listener: l, SafetyNet: time.Hour, HeartbeatInterval: time.Hour, LeaseTimeout: 2 * time.Hour})
+	stop := listen()
+	settled(t, w)
+	id := insert(t, pool, 1)[0]
+	g.next(t, "the row")
+
+	stop() // no session listens: the cancellation's message reaches nobody
+	if n := count(t, pool, "SELECT files.cancel($1)", id); n != 1 {
+		t.Fatalf("cancelled %d rows", n)
+	}
+	beats := w.Stats().Heartbeats
+	stop = listen()
+	defer stop()
+	if cause := g.cause(t); !errors.Is(cause, worker.ErrCancelled) {
+		t.Fatalf("cause %v, want ErrCancelled", cause)
+	}
+	if s := w.Stats(); s.Heartbeats <= beats || s.Done != 0 || s.Cancelled != 1 || s.LeaseLosses != 0 {
+		t.Errorf("stats: %+v", s)
+	}
+	waitFor(t, "the slot to free up", func() bool { return w.Stats().BusySlots == 0 })
+	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE id = $1 AND state = 'cancelled'", id); n != 1 {
+		t.Fatal("row not cancelled")
+	}
+}
+
+// Stats may be read while Start sets the worker up (a metrics endpoint that
+// serves before the worker has started): -race checks it.
+func TestStatsDuringStart(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	w, err := worker.New(pool, &worker.Config{Handler: noop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for {
+			_ = w.Stats()
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	}()
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(done)
+	<-read
+	settled(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With a claim cooldown, the ring of the listener's connect, which comes
+// within the cooldown of the claim at start, makes the listener stop
+// listening for the rest of the cooldown.
+func TestClaimCooldownQuietsTheListener(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	g := newGate()
+	close(g.open)
+	w := start(t, pool, &worker.Config{Handler: g, Slots: 2, SafetyNet: time.Hour, ClaimCooldown: time.Hour})
+	waitFor(t, "the quiet spell", func() bool {
+		s := w.Stats()
+		return s.ListenerQuiets == 1 && s.ClaimsDeferred == 1
+	})
+	if s := w.Stats(); s.Claims != 1 || !s.Listening {
+		t.Fatalf("stats: %+v", s)
 	}
 }
 
