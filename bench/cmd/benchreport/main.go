@@ -961,7 +961,12 @@ func render(w io.Writer, rp *report) {
 	p("benchmark (`bench/peers`) on a throwaway PostgreSQL and MinIO on the same machine.\n")
 	p("The burn-downs, the bare SKIP LOCKED loop, the pickup, the CPU per row and the bare\n")
 	p("LISTEN/NOTIFY queue run in %s, pgworker and River alternating, and the goals\n", rp.rounds())
-	p("compare the medians; every other figure is from one run. The machine's other load\n")
+	if n := len(rp.all("pgworker", "enqueue")); n > 1 {
+		p("compare the medians; the enqueue runs %d times, its goal on the median; every other\n", n)
+		p("figure is from one run. The machine's other load\n")
+	} else {
+		p("compare the medians; every other figure is from one run. The machine's other load\n")
+	}
 	p("shows in them. A goal is \"bounded\" when the same run measures what holds it out of\n")
 	p("reach on this machine: the database doing the same work with no queue software.\n")
 	p("Where the two sides of a goal ran in turn, round by round, the goal also says in how\n")
