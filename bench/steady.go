@@ -87,8 +87,8 @@ type Sample struct {
 	ClaimIdleMaxMS float64 `json:"claim_idle_max_ms"`
 	// Outcome is the round trips of the workers' outcome calls answered in
 	// the interval (files.complete and complete_many, each commit flushed):
-	// a process's slots wait for them once as many outcomes are
-	// unrecorded as it has slots.
+	// a process's slots wait for them once its worker.Config.MaxUnrecorded
+	// outcomes wait.
 	OutcomeP99MS float64 `json:"outcome_p99_ms"`
 	OutcomeMaxMS float64 `json:"outcome_max_ms"`
 	// NotifyIdleMaxMS is the longest time in the interval without a

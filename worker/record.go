@@ -114,7 +114,7 @@ func appendMillis(b []byte, d time.Duration) []byte {
 // Why an outcome was not recorded, for RowLost events.
 var (
 	errNotHeld = errors.New("outcome refused: the row is no longer held by this attempt")
-	errGaveUp  = errors.New("outcome not recorded: the database could not be reached before the worker stopped")
+	errGaveUp  = errors.New("outcome not recorded: the database did not record it before the worker stopped")
 )
 
 // recorder records the outcomes of all slots through the fenced SQL API:
