@@ -298,6 +298,7 @@ var alertTopics = map[string][]string{
 	"a listener down":             {"pgworker_listener_up"},
 	"claim errors":                {"pgworker_claim_errors_total"},
 	"heartbeat errors":            {"pgworker_heartbeat_errors_total"},
+	"slots waiting for commits":   {"pgworker_outcome_waits_total"},
 	"the oldest pending row":      {"pgworker_queue_oldest_pending_age_seconds"},
 }
 

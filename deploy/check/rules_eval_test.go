@@ -14,11 +14,13 @@ import (
 )
 
 // A fleet of two processes, a and b, sampled every minute for 90 minutes,
-// in good health: steady work, no errors, a steady backlog. Each value is
-// promqltest's expanding notation (start+step x count).
+// in good health: steady work, no errors, a steady backlog; of the six rows
+// running in the database, four are in busy slots and two are done, their
+// outcomes waiting to be recorded. Each value is promqltest's expanding
+// notation (start+step x count).
 var healthyFleet = map[string]string{
-	`pgworker_queue_running_rows{instance="a",queue="default"}`:               "4x90",
-	`pgworker_queue_running_rows{instance="b",queue="default"}`:               "4x90",
+	`pgworker_queue_running_rows{instance="a",queue="default"}`:               "6x90",
+	`pgworker_queue_running_rows{instance="b",queue="default"}`:               "6x90",
 	`pgworker_queue_pending_rows{instance="a",queue="default"}`:               "100x90",
 	`pgworker_queue_pending_rows{instance="b",queue="default"}`:               "100x90",
 	`pgworker_queue_paused{instance="a",queue="default"}`:                     "0x90",
@@ -29,6 +31,9 @@ var healthyFleet = map[string]string{
 	`pgworker_queue_stats_age_seconds{instance="b"}`:                          "5x90",
 	`pgworker_slots_busy{instance="a"}`:                                       "2x90",
 	`pgworker_slots_busy{instance="b"}`:                                       "2x90",
+	`pgworker_outcomes_unrecorded{instance="a"}`:                              "1x90",
+	`pgworker_outcomes_unrecorded{instance="b"}`:                              "1x90",
+	`pgworker_outcome_waits_total{instance="a"}`:                              "0x90",
 	`pgworker_rows_done_total{instance="a",queue="default"}`:                  "0+10x90",
 	`pgworker_rows_done_total{instance="b",queue="default"}`:                  "0+10x90",
 	`pgworker_rows_failed_total{instance="a",queue="default",final="false"}`:  "0+0x90",
@@ -46,11 +51,11 @@ var healthyFleet = map[string]string{
 var trouble = map[string]struct{ fire, quiet map[string]string }{
 	"PgworkerSilentWorkersHoldRows": {
 		fire: map[string]string{
-			`pgworker_queue_running_rows{instance="a",queue="default"}`: "6x90",
-			`pgworker_queue_running_rows{instance="b",queue="default"}`: "6x90",
+			`pgworker_queue_running_rows{instance="a",queue="default"}`: "8x90",
+			`pgworker_queue_running_rows{instance="b",queue="default"}`: "8x90",
 		},
 		// Held for less than the alert's 10 minutes: a scrape out of step.
-		quiet: map[string]string{`pgworker_queue_running_rows{instance="a",queue="default"}`: "4x84 6x5"},
+		quiet: map[string]string{`pgworker_queue_running_rows{instance="a",queue="default"}`: "6x84 8x5"},
 	},
 	"PgworkerRowsReaped": {
 		fire: map[string]string{`pgworker_reaped_rows_total{instance="a"}`: "0x80 0+1x10"},
@@ -93,6 +98,11 @@ var trouble = map[string]struct{ fire, quiet map[string]string }{
 	},
 	"PgworkerHeartbeatErrors": {
 		fire: map[string]string{`pgworker_heartbeat_errors_total{instance="a"}`: "0x80 0+12x10"},
+	},
+	"PgworkerOutcomesWaitForTheDatabase": {
+		fire: map[string]string{`pgworker_outcome_waits_total{instance="a"}`: "0x60 0+5x30"},
+		// A failover: the slots wait for three minutes, then no more.
+		quiet: map[string]string{`pgworker_outcome_waits_total{instance="a"}`: "0x70 0+20x3 60x16"},
 	},
 	"PgworkerLeasesLost": {
 		fire: map[string]string{`pgworker_lease_losses_total{instance="a"}`: "0x85 1x5"},
