@@ -288,3 +288,24 @@ func TestWorkersPageSumsUpLargeFleets(t *testing.T) {
 		t.Errorf("node-3's stream lists %d of its 16 slots, or others'", n)
 	}
 }
+
+// A slot whose last row's outcome waits to be recorded while it runs the
+// next holds two running rows: the Workers page lists both and counts the
+// slot once, busy once.
+func TestWorkersPageCountsASlotOnce(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, nil, nil)
+	s.enqueue("q", "a", "b")
+	first, second := s.claim("w-1", "q"), s.claim("w-1", "q")
+	s.refresh()
+	_, body, _ := s.get("/workers")
+	for _, want := range []string{`<span class="big">1</span> live slots`, `<span class="big">1</span> busy`, "1 active · 1 busy",
+		`href="/rows/` + strconv.FormatInt(first.ID, 10) + `"`, `href="/rows/` + strconv.FormatInt(second.ID, 10) + `"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the Workers page lacks %q:\n%.3000s", want, body)
+		}
+	}
+	if n := strings.Count(body, `data-worker="w-1"`); n != 2 {
+		t.Errorf("%d lines of slot w-1, want one per running row (2)", n)
+	}
+}

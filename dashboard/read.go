@@ -206,7 +206,13 @@ func readWorkers(ctx context.Context, tx pgx.Tx) ([]nodeView, error) {
 }
 
 func (n *nodeView) add(s slotView) {
+	// A slot holds more than one running row while the outcomes of its
+	// last rows wait to be recorded: a line for each row, one slot.
+	again := len(n.Slots) > 0 && n.Slots[len(n.Slots)-1].WorkerID == s.WorkerID
 	n.Slots = append(n.Slots, s)
+	if again {
+		return
+	}
 	switch {
 	case s.State == "dead":
 		n.Dead++

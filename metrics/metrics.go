@@ -226,7 +226,7 @@ var (
 	descSafetyWakes      = desc("claim_safety_wakes_total", "Times the process looked for work without a notification (the safety net, a retry's backoff ending, or a look after a short or empty claim beside a held snapshot).")
 	descClaimsDeferred   = desc("claims_deferred_total", "Claims held back until --claim-cooldown ended, so that one claim took the rows announced meanwhile.")
 	descRecordsDeferred  = desc("outcome_records_deferred_total", "Outcome statements held back until --claim-cooldown ended, so that one statement recorded the outcomes that ended meanwhile.")
-	descUnrecorded       = desc("outcomes_unrecorded", "Outcomes of finished rows waiting to be recorded while their slots run on (at most 64, or the slots if more).")
+	descUnrecorded       = desc("outcomes_unrecorded", "Outcomes of finished rows not yet recorded: those whose slots run on (at most the workers' MaxUnrecorded; pgworker run: 64, or the slots if more) and one per slot that waits for its own.")
 	descOutcomeWaits     = desc("outcome_waits_total", "Times a slot waited for its own outcome to be recorded because as many outcomes as allowed were waiting already: the database's commits are slower than the rows.")
 	descLeaseLosses      = desc("lease_losses_total", "Running rows a heartbeat found no longer held by this process after their lease ran out (an operator's cancel counts in rows_cancelled_total); their handlers were cancelled.")
 	descOrphans          = desc("orphans_released_total", "Rows held in the database but unknown to this process, released.")

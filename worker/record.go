@@ -47,7 +47,7 @@ type recorded int
 const (
 	recordedOK      recorded = iota // the fenced call took it
 	recordedNotHeld                 // the fenced call refused: the row is no longer ours
-	recordedGaveUp                  // the worker stopped before the database could be reached
+	recordedGaveUp                  // not recorded: the worker stopped first, or the database refused it
 )
 
 // report is the attempt report of files.complete and files.fail.
@@ -114,7 +114,7 @@ func appendMillis(b []byte, d time.Duration) []byte {
 // Why an outcome was not recorded, for RowLost events.
 var (
 	errNotHeld = errors.New("outcome refused: the row is no longer held by this attempt")
-	errGaveUp  = errors.New("outcome not recorded: the database did not record it before the worker stopped")
+	errGaveUp  = errors.New("outcome not recorded: the worker stopped first, or the database refused it")
 )
 
 // recorder records the outcomes of all slots through the fenced SQL API:

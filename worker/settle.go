@@ -122,7 +122,7 @@ func (w *Worker) finish(o *outcome, r recorded) {
 	case recordedGaveUp:
 		w.lost.Add(1)
 		ev.Kind, ev.Err = RowLost, errGaveUp
-		w.logger.Warn("worker: outcome lost: the database did not record it before the worker stopped; the row runs again",
+		w.logger.Warn("worker: outcome lost: not recorded (the worker stopped first, or the database refused it); the row runs again",
 			"file_id", t.row.ID, "attempt", t.row.Attempt, "worker_id", t.row.WorkerID)
 	}
 	w.emit(t, ev)

@@ -262,7 +262,7 @@ type Stats struct {
 	Listening             bool   // the LISTEN connection is up
 	BusySlots             int
 	IdleSlots             int
-	Unrecorded            int // outcomes waiting to be recorded while their slots run on (at most MaxUnrecorded)
+	Unrecorded            int // outcomes of finished rows not yet recorded: up to MaxUnrecorded whose slots run on, and one per slot that waits for its own
 }
 
 // Worker runs a Handler on claimed rows. Create it with New.
@@ -328,6 +328,8 @@ type Worker struct {
 	waiting     map[int64]*task     // the latest attempt of a row whose events are held, by row
 
 	done, failed, released, lost, cancelled, leaseLosses, reaped, pruned, outcomeWaits atomic.Uint64
+
+	ownWaits atomic.Int64 // slots waiting for their own outcomes now
 }
 
 // task is a row being worked on. Its job and its outcome are allocated
@@ -713,7 +715,7 @@ func (w *Worker) Stats() Stats {
 		BusySlots:       busy,
 		Slots:           slots,
 		IdleSlots:       max(slots-busy, 0),
-		Unrecorded:      len(w.unsettled),
+		Unrecorded:      len(w.unsettled) + int(w.ownWaits.Load()),
 	}
 	if claimer != nil {
 		cs := claimer.Stats()
@@ -841,9 +843,11 @@ func (w *Worker) execute(t *task) {
 	default:
 		// MaxUnrecorded outcomes wait already: this slot waits for its own.
 		w.outcomeWaits.Add(1)
+		w.ownWaits.Add(1)
 		o.settled = make(chan struct{})
 		w.rec.submit(o)
 		<-o.settled
+		w.ownWaits.Add(-1)
 		w.freeSlot(t)
 	}
 }

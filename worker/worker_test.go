@@ -846,20 +846,24 @@ func TestUnstorableOutcomes(t *testing.T) {
 // holdFirstOutcome inserts n rows and starts a worker of cfg, its handler
 // set here to send each row it starts on started; once the first row has
 // started, it holds that row's outcome up with a lock on the row (tx, which
-// the caller may roll back) and lets the handler return. The lock holds up
-// the heartbeat too: the leases are an hour long, so that no row is taken
-// back meanwhile however slow the machine.
+// the caller may roll back) and lets the handler return. The handlers of
+// the other rows return only once the outcome's statement waits for the
+// lock, so that theirs come after it. The lock holds up the heartbeat too:
+// the leases are an hour long, so that no row is taken back meanwhile
+// however slow the machine.
 func holdFirstOutcome(t *testing.T, pool *pgxpool.Pool, n int, cfg worker.Config) (ids []int64, w *worker.Worker, tx pgx.Tx, started <-chan int64) {
 	t.Helper()
 	ctx := context.Background()
 	cfg.HeartbeatInterval, cfg.LeaseTimeout = time.Hour, 2*time.Hour
 	ids = insert(t, pool, n)
 	starts := make(chan int64, n)
-	release := make(chan struct{})
+	release, blocked := make(chan struct{}), make(chan struct{})
 	cfg.Handler = worker.HandlerFunc(func(ctx context.Context, job *worker.Job) (*worker.Result, error) {
 		starts <- job.ID
 		if job.ID == ids[0] {
 			<-release
+		} else {
+			<-blocked
 		}
 		return nil, nil
 	})
@@ -876,6 +880,13 @@ func holdFirstOutcome(t *testing.T, pool *pgxpool.Pool, n int, cfg worker.Config
 		t.Fatal(err)
 	}
 	close(release) // its outcome now waits for the lock, and the ones after it for that
+	// Behind the lock's holder, or behind a heartbeat that waits for it
+	// too: this test's database has no other lock waits.
+	waitFor(t, "the first outcome's statement to wait for the lock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%files.complete%'`) == 1
+	})
+	close(blocked)
 	return ids, w, tx, starts
 }
 
@@ -909,7 +920,7 @@ func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 		t.Fatalf("row %d started while the slot waits for its outcome", id)
 	default:
 	}
-	if s := w.Stats(); s.Claimed != 2 || s.Unrecorded != 1 || s.Done != 0 {
+	if s := w.Stats(); s.Claimed != 2 || s.Unrecorded != 2 || s.Done != 0 {
 		t.Fatalf("stats while the first outcome is held up: %+v", s)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 0 {

@@ -292,7 +292,7 @@ func TestScrapeSeesEveryKind(t *testing.T) {
 // alertTopics names, for each condition that must page or warn, the metrics
 // that some alerting rule has to select.
 var alertTopics = map[string][]string{
-	"silent workers holding rows": {"pgworker_queue_running_rows", "pgworker_slots_busy"},
+	"silent workers holding rows": {"pgworker_queue_running_rows", "pgworker_slots_busy", "pgworker_outcomes_unrecorded"},
 	"a queue's failure rate":      {"pgworker_rows_failed_total", "pgworker_rows_done_total"},
 	"a growing backlog":           {"pgworker_queue_pending_rows"},
 	"a listener down":             {"pgworker_listener_up"},

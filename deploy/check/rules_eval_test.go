@@ -123,6 +123,10 @@ func loadScript(overrides map[string]string) string {
 		series[k] = v
 	}
 	for k, v := range overrides {
+		if v == "" { // a series the processes do not export
+			delete(series, k)
+			continue
+		}
 		series[k] = v
 	}
 	var keys []string
@@ -205,4 +209,41 @@ func TestAlertsFire(t *testing.T) {
 			t.Errorf("a trouble scenario for %s, which alerts.yaml does not have", name)
 		}
 	}
+}
+
+// Processes from before pgworker_outcomes_unrecorded export no such gauge:
+// the silent-workers rule then compares the running rows with the busy
+// slots alone, as it did.
+func TestSilentWorkersRuleWithoutTheUnrecordedGauge(t *testing.T) {
+	t.Parallel()
+	p := parser.NewParser(parser.Options{})
+	groups, errs := rulefmtParse(t, p)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	engine := promqltest.NewTestEngine(t, false, 0, 1_000_000)
+	older := func(running string) string {
+		return loadScript(map[string]string{
+			`pgworker_outcomes_unrecorded{instance="a"}`:                "",
+			`pgworker_outcomes_unrecorded{instance="b"}`:                "",
+			`pgworker_queue_running_rows{instance="a",queue="default"}`: running,
+			`pgworker_queue_running_rows{instance="b",queue="default"}`: running,
+		})
+	}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "PgworkerSilentWorkersHoldRows" {
+				continue
+			}
+			hold := time.Duration(r.For)
+			if firing(t, engine, older("4x90"), r.Expr, hold) {
+				t.Error("fires on a healthy fleet of older processes")
+			}
+			if !firing(t, engine, older("6x90"), r.Expr, hold) {
+				t.Error("does not fire on older processes' fleet with two rows held by silent workers")
+			}
+			return
+		}
+	}
+	t.Fatal("no rule PgworkerSilentWorkersHoldRows")
 }
