@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/promql/promqltest"
@@ -170,17 +171,23 @@ func firing(t *testing.T, engine *promql.Engine, script, expr string, hold time.
 	return false
 }
 
+// rulesToEvaluate reads alerts.yaml strictly and makes an engine to
+// evaluate its rules.
+func rulesToEvaluate(t *testing.T) (*rulefmt.RuleGroups, *promql.Engine) {
+	t.Helper()
+	groups, errs := rulefmtParse(t, parser.NewParser(parser.Options{}))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return groups, promqltest.NewTestEngine(t, false, 0, 1_000_000)
+}
+
 // TestAlertsFire evaluates every rule of alerts.yaml with Prometheus' PromQL
 // engine on a healthy fleet (no alert fires) and on the trouble each one
 // is for (it fires, and its quiet variation does not).
 func TestAlertsFire(t *testing.T) {
 	t.Parallel()
-	p := parser.NewParser(parser.Options{})
-	groups, errs := rulefmtParse(t, p)
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	engine := promqltest.NewTestEngine(t, false, 0, 1_000_000)
+	groups, engine := rulesToEvaluate(t)
 	healthy := loadScript(nil)
 	seen := map[string]bool{}
 	for _, g := range groups.Groups {
@@ -216,12 +223,7 @@ func TestAlertsFire(t *testing.T) {
 // slots alone, as it did.
 func TestSilentWorkersRuleWithoutTheUnrecordedGauge(t *testing.T) {
 	t.Parallel()
-	p := parser.NewParser(parser.Options{})
-	groups, errs := rulefmtParse(t, p)
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	engine := promqltest.NewTestEngine(t, false, 0, 1_000_000)
+	groups, engine := rulesToEvaluate(t)
 	older := func(running string) string {
 		return loadScript(map[string]string{
 			`pgworker_outcomes_unrecorded{instance="a"}`:                "",
