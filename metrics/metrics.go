@@ -218,7 +218,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descSlots            = desc("slots", "Slots of this process (varies with --slots MIN-MAX).")
 	descSlotsBusy        = desc("slots_busy", "Slots working on a row.")
-	descSlotsIdle        = desc("slots_idle", "Slots waiting for a row.")
+	descSlotsIdle        = desc("slots_idle", "Slots waiting for a row (a slot that waits for its own outcome to be recorded counts in pgworker_outcomes_unrecorded instead).")
 	descClaims           = desc("claim_queries_total", "Claim statements sent (one claims a row for each idle slot).")
 	descRacesLost        = desc("claim_races_lost_total", "Claims that got nothing: other workers took the rows first, or none was left (40001 and 40P01 included).")
 	descSerialization    = desc("claim_serialization_failures_total", "Of the lost races, claims that failed with SQLSTATE 40001 or 40P01.")

@@ -260,9 +260,9 @@ type Stats struct {
 	ListenerReconnects    uint64
 	ListenerQuiets        uint64 // spells without listening for the rest of a ClaimCooldown
 	Listening             bool   // the LISTEN connection is up
-	BusySlots             int
-	IdleSlots             int
-	Unrecorded            int // outcomes of finished rows not yet recorded: up to MaxUnrecorded whose slots run on, and one per slot that waits for its own
+	BusySlots             int    // slots running a handler
+	IdleSlots             int    // slots waiting for a row (not those that wait for their own outcome)
+	Unrecorded            int    // outcomes of finished rows not yet recorded: up to MaxUnrecorded whose slots run on, and one per slot that waits for its own
 }
 
 // Worker runs a Handler on claimed rows. Create it with New.
@@ -698,6 +698,7 @@ func (w *Worker) Stats() Stats {
 	busy, slots := w.busy, len(w.ids)
 	claimer, l := w.claimer, w.listener
 	w.mu.Unlock()
+	ownWaits := w.ownWaits.Load()
 	s := Stats{
 		Done:            w.done.Load(),
 		Failed:          w.failed.Load(),
@@ -714,8 +715,8 @@ func (w *Worker) Stats() Stats {
 		OutcomeWaits:    w.outcomeWaits.Load(),
 		BusySlots:       busy,
 		Slots:           slots,
-		IdleSlots:       max(slots-busy, 0),
-		Unrecorded:      len(w.unsettled) + int(w.ownWaits.Load()),
+		IdleSlots:       max(slots-busy-int(ownWaits), 0),
+		Unrecorded:      len(w.unsettled) + int(ownWaits),
 	}
 	if claimer != nil {
 		cs := claimer.Stats()

@@ -920,7 +920,7 @@ func TestSlotRunsOnWhileOutcomeWaits(t *testing.T) {
 		t.Fatalf("row %d started while the slot waits for its outcome", id)
 	default:
 	}
-	if s := w.Stats(); s.Claimed != 2 || s.Unrecorded != 2 || s.Done != 0 {
+	if s := w.Stats(); s.Claimed != 2 || s.Unrecorded != 2 || s.BusySlots != 0 || s.IdleSlots != 0 || s.Done != 0 {
 		t.Fatalf("stats while the first outcome is held up: %+v", s)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM files.files WHERE state = 'done'"); n != 0 {
