@@ -2647,12 +2647,14 @@ COMMENT ON COLUMN files.active_workers.version IS 'Worker software version.';
 COMMENT ON COLUMN files.active_workers.started_at IS 'When the slot registered.';
 COMMENT ON COLUMN files.active_workers.last_heartbeat_at IS 'Last sign of life.';
 COMMENT ON COLUMN files.active_workers.heartbeat_age IS 'Time since the last sign of life; above the lease timeout the slot is about to be reaped.';
-COMMENT ON COLUMN files.active_workers.file_id IS 'The row the slot is working on, NULL when idle.';
+COMMENT ON COLUMN files.active_workers.file_id IS
+    'A running row the slot holds: the one its handler works on, or one whose handler is done and whose outcome waits '
+    'to be recorded; NULL when idle.';
 COMMENT ON COLUMN files.active_workers.queue IS 'Queue of that row.';
 COMMENT ON COLUMN files.active_workers.source IS 'Input object of that row.';
 COMMENT ON COLUMN files.active_workers.attempt IS 'Attempt number of that row.';
 COMMENT ON COLUMN files.active_workers.running_since IS 'When the slot claimed that row.';
-COMMENT ON COLUMN files.active_workers.running_for IS 'How long the slot has been working on that row.';
+COMMENT ON COLUMN files.active_workers.running_for IS 'How long ago the slot claimed that row.';
 COMMENT ON COLUMN files.active_workers.lease_expires_at IS 'When the row returns to the queue unless the slot heartbeats.';
 
 -- Per queue, from the counts kept as rows change (files.queue_counts) and three
