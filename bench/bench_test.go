@@ -542,6 +542,7 @@ func TestLongTx(t *testing.T) {
 			// all ended done (LongTx checks it before it returns).
 			last := -1.0
 			claims, empty, heard, inserts, outcomes := 0, 0, false, false, false
+			var waits uint64
 			for _, s := range res.Samples {
 				if !slices.Contains(names, s.Phase) || s.AtSec <= last || s.Depth < 0 {
 					t.Errorf("sample %+v after %gs", s, last)
@@ -563,6 +564,11 @@ func TestLongTx(t *testing.T) {
 				}
 				inserts = inserts || s.InsertP99MS > 0
 				outcomes = outcomes || s.OutcomeP99MS > 0
+				waits += s.OutcomeWaits
+			}
+			// A slot waits for its own outcome at most once a row.
+			if waits > uint64(res.Rows) {
+				t.Errorf("slots waited for their outcomes %d times for %d rows", waits, res.Rows)
 			}
 			if !inserts || !outcomes {
 				t.Errorf("the samples timed the producer's inserts: %v, the workers' outcome calls: %v", inserts, outcomes)

@@ -91,6 +91,10 @@ type Sample struct {
 	// outcomes wait.
 	OutcomeP99MS float64 `json:"outcome_p99_ms"`
 	OutcomeMaxMS float64 `json:"outcome_max_ms"`
+	// OutcomeWaits is how many times in the interval a slot waited for its
+	// own outcome because its process's MaxUnrecorded outcomes waited
+	// already (worker.Stats.OutcomeWaits): the commits held the slots back.
+	OutcomeWaits uint64 `json:"outcome_waits"`
 	// NotifyIdleMaxMS is the longest time in the interval without a
 	// notification reaching the first worker runtime's listener: beside
 	// ClaimIdleMaxMS, it tells a pause in what the claimers were told from
@@ -146,6 +150,8 @@ type PhaseResult struct {
 	// track_functions is off and cannot be turned on).
 	Claims  uint64  `json:"claims"`
 	ClaimMS float64 `json:"claim_ms"`
+	// OutcomeWaits is as in Sample, for the phase.
+	OutcomeWaits uint64 `json:"outcome_waits"`
 	// WALBytesPerRow is the WAL the server wrote in the phase per row done
 	// in it, as in Sample.
 	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
@@ -619,23 +625,27 @@ type sampler struct {
 	// at the last sample
 	last              time.Time
 	lastDone, lastIns int64
+	lastWaits         uint64
 	lastWAL           int64
 	// at the phase's start
 	phaseAt             time.Time
 	phaseDone, phaseIns int64
 	phaseClaims         uint64
+	phaseWaits          uint64
 	phaseFn             map[string]funcStats
 	phaseStats          TableStats
 	depthMax            int64
 }
 
-// claims is the claims the workers sent.
-func (s *sampler) claims() uint64 {
-	var n uint64
+// claims is the claims the workers sent; waits the times their slots
+// waited for their own outcomes.
+func (s *sampler) claims() (claims, waits uint64) {
 	for _, w := range s.ws {
-		n += w.Stats().Claims
+		st := w.Stats()
+		claims += st.Claims
+		waits += st.OutcomeWaits
 	}
-	return n
+	return claims, waits
 }
 
 func (s *sampler) begin(ctx context.Context) error {
@@ -645,6 +655,7 @@ func (s *sampler) begin(ctx context.Context) error {
 	_, _, _, _, s.lastAnswer = claimSteps(s.trace.take(), time.Time{})
 	s.trace.takeOutcomes()
 	_, s.lastNote = longestGap(s.notes.takeNotify(), time.Time{})
+	_, s.lastWaits = s.claims()
 	st, err := s.b.tableStats(ctx)
 	s.lastWAL = st.wal
 	return err
@@ -664,7 +675,7 @@ func (s *sampler) phaseStart(name string) time.Time {
 	now := time.Now()
 	s.phaseAt = now
 	s.phaseDone, s.phaseIns = int64(s.outcomes.count()), s.prod.inserted.Load()
-	s.phaseClaims = s.claims()
+	s.phaseClaims, s.phaseWaits = s.claims()
 	s.phaseFn, _ = s.b.functionStats(context.Background())
 	s.phaseStats, _ = s.b.tableStats(context.Background())
 	s.depthMax = 0
@@ -692,16 +703,17 @@ func (s *sampler) sample(ctx context.Context) error {
 	s.lastAnswer = last
 	quiet, lastNote := longestGap(s.notes.takeNotify(), s.lastNote)
 	s.lastNote = lastNote
+	_, waits := s.claims()
 	s.samples = append(s.samples, Sample{
 		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
 		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
 		PickupP50MS: p.P50MS, PickupP99MS: p.P99MS, PickupFromReturnP50MS: pr.P50MS, PickupFromReturnP99MS: pr.P99MS,
 		InsertP99MS: trip.P99MS, InsertMaxMS: trip.MaxMS, OutcomeP99MS: outcome.P99MS, OutcomeMaxMS: outcome.MaxMS,
-		Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
+		OutcomeWaits: waits - s.lastWaits, Claims: n, EmptyClaims: empty, ClaimP50MS: rtt.P50MS, ClaimP99MS: rtt.P99MS, ClaimMaxMS: rtt.MaxMS,
 		ClaimIdleMaxMS: round(float64(idle)/float64(time.Millisecond), 3), NotifyIdleMaxMS: round(float64(quiet)/float64(time.Millisecond), 3),
 		Depth: depth, WALBytesPerRow: walPerRow(s.lastWAL, st.wal, done-s.lastDone), TableStats: st,
 	})
-	s.last, s.lastDone, s.lastIns, s.lastWAL = now, done, ins, st.wal
+	s.last, s.lastDone, s.lastIns, s.lastWAL, s.lastWaits = now, done, ins, st.wal, waits
 	s.depthMax = max(s.depthMax, depth)
 	return nil
 }
@@ -715,12 +727,13 @@ func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, 
 		return nil, err
 	}
 	created, returned := s.prod.pickups(s.h.takePhase())
+	claims, waits := s.claims()
 	pr := &PhaseResult{
 		Name: s.phase, Seconds: round(secs, 1),
 		RowsPerSec: round(float64(done-s.phaseDone)/secs, 1), InsertedPerSec: round(float64(ins-s.phaseIns)/secs, 1),
 		Pickup: percentiles(created), PickupFromReturn: percentiles(returned), Insert: percentiles(s.prod.takePhaseTrips()),
 		DepthEnd: ins - started, DepthMax: s.depthMax,
-		Claims: s.claims() - s.phaseClaims, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
+		Claims: claims - s.phaseClaims, OutcomeWaits: waits - s.phaseWaits, End: st, Vacuums: st.Vacuums - s.phaseStats.Vacuums,
 		WALBytesPerRow: walPerRow(s.phaseStats.wal, st.wal, done-s.phaseDone),
 	}
 	if fn, err := s.b.functionStats(ctx); err == nil && s.phaseFn != nil {

@@ -309,14 +309,16 @@ waiting (peak mode: the worker runs as fast as it can). Every --sample-every
 it samples rows/s, pickup p50 and p99 (from the row's created_at to its
 handler's start, and from the moment its insert's commit returned to the
 producer, as bench latency counts it), the round trips (p99 and max) of
-the producer's inserts and of the workers' outcome calls, the depth (rows inserted and not started), the workers'
+the producer's inserts and of the workers' outcome calls, how often a slot
+waited for its own outcome (outcome_waits: as many outcomes waited already
+as its process lets wait), the depth (rows inserted and not started), the workers'
 claim queries (how many, how many returned no row, their round trips' p50,
 p99 and max, and the longest time no claim was under way), the longest time
 without a notification, the WAL the server wrote per row done, and
 files.files' dead tuples and table and index sizes. At the end it waits for
 the backlog to drain and checks that every row ended done. JSON: phases
 (rows_per_sec, pickup, pickup_from_return, insert, depth_end, depth_max,
-claim_ms: the server's mean time per claim, wal_bytes_per_row, end: the
+claim_ms: the server's mean time per claim, outcome_waits, wal_bytes_per_row, end: the
 table's statistics),
 held_over_clean, recovery_over_clean, samples.`,
 		examples: "pgworker bench long-tx --rate 1000 --slots 16\npgworker bench long-tx --rate 200 --processes 4 --slots 4\npgworker bench long-tx --depth 5000 --slots 64 --phase 60s --json",
