@@ -637,9 +637,9 @@ type sampler struct {
 	depthMax            int64
 }
 
-// claims is the claims the workers sent; waits the times their slots
-// waited for their own outcomes.
-func (s *sampler) claims() (claims, waits uint64) {
+// workerCounts returns the claims the workers sent and the times their
+// slots waited for their own outcomes.
+func (s *sampler) workerCounts() (claims, waits uint64) {
 	for _, w := range s.ws {
 		st := w.Stats()
 		claims += st.Claims
@@ -655,7 +655,7 @@ func (s *sampler) begin(ctx context.Context) error {
 	_, _, _, _, s.lastAnswer = claimSteps(s.trace.take(), time.Time{})
 	s.trace.takeOutcomes()
 	_, s.lastNote = longestGap(s.notes.takeNotify(), time.Time{})
-	_, s.lastWaits = s.claims()
+	_, s.lastWaits = s.workerCounts()
 	st, err := s.b.tableStats(ctx)
 	s.lastWAL = st.wal
 	return err
@@ -675,7 +675,7 @@ func (s *sampler) phaseStart(name string) time.Time {
 	now := time.Now()
 	s.phaseAt = now
 	s.phaseDone, s.phaseIns = int64(s.outcomes.count()), s.prod.inserted.Load()
-	s.phaseClaims, s.phaseWaits = s.claims()
+	s.phaseClaims, s.phaseWaits = s.workerCounts()
 	s.phaseFn, _ = s.b.functionStats(context.Background())
 	s.phaseStats, _ = s.b.tableStats(context.Background())
 	s.depthMax = 0
@@ -703,7 +703,7 @@ func (s *sampler) sample(ctx context.Context) error {
 	s.lastAnswer = last
 	quiet, lastNote := longestGap(s.notes.takeNotify(), s.lastNote)
 	s.lastNote = lastNote
-	_, waits := s.claims()
+	_, waits := s.workerCounts()
 	s.samples = append(s.samples, Sample{
 		AtSec: round(now.Sub(s.t0).Seconds(), 2), Phase: s.phase,
 		RowsPerSec: round(float64(done-s.lastDone)/secs, 1), InsertedPerSec: round(float64(ins-s.lastIns)/secs, 1),
@@ -727,7 +727,7 @@ func (s *sampler) phaseEnd(ctx context.Context, start time.Time) (*PhaseResult, 
 		return nil, err
 	}
 	created, returned := s.prod.pickups(s.h.takePhase())
-	claims, waits := s.claims()
+	claims, waits := s.workerCounts()
 	pr := &PhaseResult{
 		Name: s.phase, Seconds: round(secs, 1),
 		RowsPerSec: round(float64(done-s.phaseDone)/secs, 1), InsertedPerSec: round(float64(ins-s.phaseIns)/secs, 1),

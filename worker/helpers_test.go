@@ -132,23 +132,25 @@ func (g *gate) Handle(ctx context.Context, job *worker.Job) (*worker.Result, err
 
 func (g *gate) next(t testing.TB, what string) *worker.Job {
 	t.Helper()
-	select {
-	case j := <-g.started:
-		return j
-	case <-time.After(patience):
-		t.Fatalf("no handler started: %s", what)
-		return nil
-	}
+	return receive(t, g.started, "no handler started: "+what)
 }
 
 func (g *gate) cause(t testing.TB) error {
 	t.Helper()
+	return receive(t, g.causes, "handler context not cancelled")
+}
+
+// receive waits for the next value of ch; after patience it fails the test
+// with failure.
+func receive[T any](t testing.TB, ch <-chan T, failure string) T {
+	t.Helper()
 	select {
-	case err := <-g.causes:
-		return err
+	case v := <-ch:
+		return v
 	case <-time.After(patience):
-		t.Fatal("handler context not cancelled")
-		return nil
+		t.Fatal(failure)
+		var zero T
+		return zero
 	}
 }
 

@@ -264,13 +264,8 @@ func lateSuccess(t *testing.T, pool *pgxpool.Pool) (w *worker.Worker, lost func(
 	settled(t, w)
 	return w, func(when string) {
 		t.Helper()
-		select {
-		case cause := <-causes:
-			if !errors.Is(cause, worker.ErrLeaseLost) {
-				t.Fatalf("cause %v, want ErrLeaseLost", cause)
-			}
-		case <-time.After(patience):
-			t.Fatal("handler not cancelled " + when)
+		if cause := receive(t, causes, "handler not cancelled "+when); !errors.Is(cause, worker.ErrLeaseLost) {
+			t.Fatalf("cause %v, want ErrLeaseLost", cause)
 		}
 	}
 }
@@ -893,13 +888,7 @@ func holdFirstOutcome(t *testing.T, pool *pgxpool.Pool, n int, cfg worker.Config
 // nextStart waits for the next row started.
 func nextStart(t *testing.T, started <-chan int64, what string) int64 {
 	t.Helper()
-	select {
-	case id := <-started:
-		return id
-	case <-time.After(patience):
-		t.Fatalf("no handler started: %s", what)
-		return 0
-	}
+	return receive(t, started, "no handler started: "+what)
 }
 
 // A slot takes its next row while the outcome of its last one waits for the
